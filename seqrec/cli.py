@@ -1,0 +1,229 @@
+"""The `seqrec` command. The only module that reads argv or owns console output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from seqrec.errors import SeqrecError
+
+log = logging.getLogger("seqrec")
+
+
+def _home() -> Path:
+    from seqrec.data.fetch import seqrec_home
+
+    return seqrec_home()
+
+
+def resolve_dataset(ref: str) -> Path:
+    """A prepared-dataset folder, or a name under $SEQREC_HOME/prepared."""
+    path = Path(ref)
+    if (path / "meta.json").is_file():
+        return path
+    named = _home() / "prepared" / ref
+    if (named / "meta.json").is_file():
+        return named
+    raise SeqrecError(f"no prepared dataset {ref!r} (looked in {path} and {named}); run `seqrec data prepare`")
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from seqrec.data.fetch import fetch_ml100k
+
+    if args.name != "ml-100k":
+        raise SeqrecError(f"fetch knows only ml-100k; for {args.name!r} prepare it with --source DIR")
+    result = fetch_ml100k(_home())
+    print(f"ml-100k ready in {result.path} (source: {result.source}, layout: {result.layout})")
+    return 0
+
+
+def _prepare_source(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from seqrec.data.catalog import KNOWN_DATASETS, load_format, load_known
+
+    if args.format:
+        if not args.path:
+            raise SeqrecError("--format needs --path")
+        options = {k: v for k, v in (("user_col", args.user_col), ("item_col", args.item_col),
+                                     ("time_col", args.time_col), ("sep", args.sep),
+                                     ("time_format", args.time_format)) if v is not None}
+        raw = load_format(args.format, Path(args.path), **options)
+        return raw, {}
+    if args.name not in KNOWN_DATASETS:
+        raise SeqrecError(f"unknown dataset {args.name!r}; known: {', '.join(sorted(KNOWN_DATASETS))} "
+                          "(or give --format and --path)")
+    source = Path(args.source) if args.source else _home() / "raw" / args.name
+    if not source.exists():
+        hint = "run `seqrec data fetch ml-100k`" if args.name == "ml-100k" else "give --source DIR"
+        raise SeqrecError(f"source folder {source} does not exist; {hint}")
+    return load_known(args.name, source), dict(KNOWN_DATASETS[args.name].prepare)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from seqrec.data.prepare import PrepareOptions, prepare
+
+    t0 = time.perf_counter()
+    raw, defaults = _prepare_source(args)
+    for key in ("dedupe", "kcore", "min_user_len"):
+        if getattr(args, key) is not None:
+            defaults[key] = getattr(args, key)
+    options = PrepareOptions(**{k: v for k, v in defaults.items() if k in ("dedupe", "kcore", "min_user_len")})
+    name = args.name or Path(args.path).stem
+    dest = Path(args.out) if args.out else _home() / "prepared" / name
+    data = prepare(raw, options, dest)
+    s = data.stats()
+    print(f"prepared {name} -> {dest} in {time.perf_counter() - t0:.1f}s: "
+          f"{s['users']} users, {s['items']} items, {s['interactions']} interactions")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from seqrec.data.dataset import PreparedDataset
+
+    stats = PreparedDataset.load(resolve_dataset(args.dataset)).stats()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"dataset       {stats['name']}  ({stats['split']}, fingerprint {stats['fingerprint']})")
+    print(f"users         {stats['users']:,}")
+    print(f"items         {stats['items']:,}")
+    print(f"interactions  {stats['interactions']:,}  (density {stats['density']:.5f})")
+    lengths = "  ".join(f"{k} {v:g}" for k, v in stats["length_percentiles"].items())
+    print(f"length        mean {stats['length_mean']:.2f}  {lengths}")
+    return 0
+
+
+def print_metrics(results: dict) -> None:  # type: ignore[type-arg]
+    ks = results["protocol"]["ks"]
+    names = ("recall", "ndcg", "mrr")
+    print(f"{'split':<7}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names))
+    for split in ("valid", "test"):
+        if split in results:
+            print(f"{split:<7}" + "".join(f"{results[split][f'{m}@{k}']:>12.4f}" for k in ks for m in names))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seqrec.config import load_toml, resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import fit
+
+    raw = load_toml(Path(args.config)) if args.config else {}
+    overrides = list(args.set or [])
+    if args.dataset:
+        overrides.insert(0, f'data.dataset="{args.dataset}"')
+    if args.model:
+        overrides.insert(0, f'model.name="{args.model}"')
+    cfg = resolve(raw, overrides)
+    if not cfg.data.dataset:
+        raise SeqrecError("no dataset: give --dataset or data.dataset in the config")
+    data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
+    run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = fit(cfg, data, run_dir)
+    print(f"run: {run_dir}  (best epoch {results['checkpoint']['epoch']}, {results['train_seconds']:.0f}s)")
+    print_metrics(results)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from seqrec.config import resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.io import read_json
+    from seqrec.eval.evaluate import evaluate, protocol
+    from seqrec.train.checkpoint import load_checkpoint
+    from seqrec.train.loop import pick_device
+
+    run = Path(args.run)
+    if not (run / "config.json").is_file():
+        raise SeqrecError(f"{run}: not a run folder (no config.json)")
+    raw = read_json(run / "config.json")
+    overrides = [f"eval.filter_seen={'true' if args.filter_seen else 'false'}"] if args.filter_seen is not None else []
+    cfg = resolve(raw, overrides)
+    data = PreparedDataset.load(resolve_dataset(args.dataset or cfg.data.dataset))
+    device = pick_device(cfg.train.device)
+    model, meta = load_checkpoint(run / "checkpoint", device)
+    if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
+        raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
+                          f"but {data.path} has {data.fingerprint}")
+    results = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}
+    for split in ("valid", "test"):
+        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)  # type: ignore[assignment]
+    print_metrics(results)
+    return 0
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from seqrec.serve import Recommender
+
+    rec = Recommender.from_run(args.run)
+    history = args.history.replace(",", " ").split()
+    for rank, r in enumerate(rec.recommend(history, args.k, exclude_seen=args.exclude_seen), start=1):
+        title = f"  {r.title}" if r.title else ""
+        print(f"{rank:>3}  {r.item:<12} {r.score:>9.4f}{title}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seqrec", description="Sequential recommendation.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+    data = sub.add_parser("data", help="fetch, prepare and inspect datasets").add_subparsers(dest="data_cmd", required=True)
+    f = data.add_parser("fetch", help="download a public dataset into $SEQREC_HOME/raw")
+    f.add_argument("name")
+    f.set_defaults(fn=cmd_fetch)
+    pr = data.add_parser("prepare", help="raw files -> a prepared-dataset folder")
+    pr.add_argument("name", nargs="?", help="a known dataset name (see the catalog), or the output name")
+    pr.add_argument("--source", help="folder holding the known dataset's files")
+    pr.add_argument("--format", help="movielens, recbole, unisrec, s3rec, lcrec, csv, tsv, parquet")
+    pr.add_argument("--path", help="input file or folder for --format")
+    for col in ("user-col", "item-col", "time-col", "sep", "time-format"):
+        pr.add_argument(f"--{col}")
+    pr.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME)")
+    pr.add_argument("--dedupe", choices=["none", "consecutive", "first"])
+    pr.add_argument("--kcore", type=int)
+    pr.add_argument("--min-user-len", type=int)
+    pr.set_defaults(fn=cmd_prepare)
+    st = data.add_parser("stats", help="users, items, interactions, length distribution")
+    st.add_argument("dataset")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_stats)
+    t = sub.add_parser("train", help="train a model; writes a run folder")
+    t.add_argument("--dataset")
+    t.add_argument("--model")
+    t.add_argument("--config", help="TOML file with [data] [model] [train] [eval]")
+    t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
+    t.add_argument("--out", help="run folder (default runs/DATASET-MODEL-TIME)")
+    t.set_defaults(fn=cmd_train)
+    e = sub.add_parser("evaluate", help="re-evaluate a saved run")
+    e.add_argument("run")
+    e.add_argument("--dataset", help="prepared dataset (default: the run's)")
+    e.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
+    e.set_defaults(fn=cmd_evaluate)
+    r = sub.add_parser("recommend", help="top-k items for a history of raw item ids")
+    r.add_argument("run")
+    r.add_argument("--history", required=True, help='raw item ids, oldest first: "50 172 133"')
+    r.add_argument("-k", type=int, default=10)
+    r.add_argument("--exclude-seen", action="store_true")
+    r.set_defaults(fn=cmd_recommend)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return int(args.fn(args))
+    except SeqrecError as exc:
+        print(f"seqrec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("seqrec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

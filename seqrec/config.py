@@ -1,0 +1,183 @@
+"""Typed configuration: one dataclass per concern, TOML files, dotted overrides.
+
+A run config has four sections, `[data]`, `[model]`, `[train]`, `[eval]`; the
+`[model]` section's `name` picks the model's own config class from the
+registry. Every key is checked against the dataclass fields: an unknown key or
+a value of the wrong type is a `SeqrecError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from seqrec.errors import SeqrecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass
+class DataConfig:
+    dataset: str = ""  # a prepared-dataset folder, or a name under $SEQREC_HOME/prepared
+    max_len: int = 50  # items of history the model sees
+
+    def __post_init__(self) -> None:
+        if self.max_len < 1:
+            raise SeqrecError(f"data.max_len must be >= 1, got {self.max_len}")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 200
+    batch_size: int = 128
+    lr: float = 1e-3
+    optimizer: Literal["adam", "adamw"] = "adam"
+    weight_decay: float = 0.0
+    clip_grad: float = 5.0  # max gradient norm; 0 disables clipping
+    patience: int = 10  # epochs without a better validation NDCG@10 before stopping
+    bf16: bool = False  # bf16 autocast (CPU and CUDA)
+    seed: int = 42
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    eval_every: int = 1
+    progress: bool = True
+    time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_every"):
+            if getattr(self, name) < 1:
+                raise SeqrecError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise SeqrecError(f"train.lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class EvalConfig:
+    ks: list[int] = field(default_factory=lambda: [10, 50])
+    filter_seen: bool = False  # remove already-seen items from the ranking (off: honest default)
+    batch_size: int = 1024  # users encoded at once
+    budget: int = 1 << 25  # scores held in memory at once while ranking
+
+    def __post_init__(self) -> None:
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise SeqrecError(f"eval.ks must be positive integers, got {self.ks}")
+        self.ks = sorted(set(self.ks))
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig
+    model: Any  # the model's own config dataclass (has a `name` field)
+    train: TrainConfig
+    eval: EvalConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "data": dataclasses.asdict(self.data),
+            "model": dataclasses.asdict(self.model),
+            "train": dataclasses.asdict(self.train),
+            "eval": dataclasses.asdict(self.eval),
+        }
+
+
+def _check_value(value: Any, tp: Any, where: str) -> Any:
+    """Return `value` coerced to the annotation `tp`, or raise naming `where`."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise SeqrecError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_value(value, arg, where)
+            except SeqrecError:
+                continue
+        raise SeqrecError(f"{where}: {value!r} does not fit {tp}")
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            raise SeqrecError(f"{where}: expected a list, got {value!r}")
+        return [_check_value(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool):
+        if isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
+            raise SeqrecError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp} at {where}")
+
+
+def build(cls: type, values: dict[str, Any], section: str) -> Any:
+    """Instantiate dataclass `cls` from `values`, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise SeqrecError(
+            f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; "
+            f"valid keys in [{section}]: {', '.join(names)}"
+        )
+    kwargs = {k: _check_value(v, hints[k], f"{section}.{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`model.d=128` -> (["model", "d"], 128); the value is read as TOML, else as a string."""
+    if "=" not in text:
+        raise SeqrecError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) != 2 or not all(path):
+        raise SeqrecError(f"override key {key!r} must look like section.key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise SeqrecError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SeqrecError(f"{path}: invalid TOML: {exc}") from None
+
+
+def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
+    """Merge dotted overrides into a raw TOML dict and build the typed RunConfig."""
+    from seqrec.registry import model_config_class
+
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for text in overrides:
+        (section, key), value = parse_override(text)
+        raw.setdefault(section, {})[key] = value
+    unknown = sorted(set(raw) - {"data", "model", "train", "eval"})
+    if unknown:
+        raise SeqrecError(f"unknown config section(s) {unknown}; valid: data, model, train, eval")
+    model_raw = dict(raw.get("model", {}))
+    name = model_raw.get("name", "sasrec")
+    model_raw["name"] = name
+    return RunConfig(
+        data=build(DataConfig, raw.get("data", {}), "data"),
+        model=build(model_config_class(name), model_raw, "model"),
+        train=build(TrainConfig, raw.get("train", {}), "train"),
+        eval=build(EvalConfig, raw.get("eval", {}), "eval"),
+    )

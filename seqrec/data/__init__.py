@@ -1,0 +1,1 @@
+"""Readers, preparation, splits, batching and text encoding."""

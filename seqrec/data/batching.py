@@ -1,0 +1,130 @@
+"""Batches as array slicing: no Python loop per interaction.
+
+Sequences are left-padded (0 = PAD) so the most recent item is always the last
+column; a batch is trimmed to its longest row, and position ids count from the
+right (`max_len - Lb + arange(Lb)`), so trimming never changes what a model sees.
+
+Training learns from every position at once: a user's training events
+`s_0..s_{t-1}` give inputs `s_0..s_{t-2}` and next-item targets `s_1..s_{t-1}`.
+Histories longer than `max_len` are cut into consecutive windows from the most
+recent end, so every training event is a target once per epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from seqrec.data.dataset import PreparedDataset
+
+
+@dataclass(frozen=True)
+class Batch:
+    """items (B, L) inputs; targets (B, L) next items, 0 where none (training);
+    target (B,) the held-out item (evaluation); users (B,) user indices."""
+
+    items: torch.Tensor
+    targets: torch.Tensor | None = None
+    target: torch.Tensor | None = None
+    users: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Batch:
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return replace(self, items=move(self.items), targets=move(self.targets),
+                       target=move(self.target), users=move(self.users))
+
+
+def training_windows(offsets: np.ndarray, train_end: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, user) of every window of targets, as flat indices into the item array.
+
+    A window's targets are events [start, end); its inputs are [start - 1, end - 1).
+    """
+    first_target = offsets[:-1] + 1
+    last = offsets[:-1] + train_end  # one past the last training event
+    n_targets = np.maximum(last - first_target, 0)
+    n_windows = -(-n_targets // max_len)  # ceil
+    user = np.repeat(np.arange(len(n_targets)), n_windows)
+    # window j of a user (j = 0 most recent) ends at last - j * max_len
+    j = np.arange(n_windows.sum()) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)
+    end = last[user] - j * max_len
+    start = np.maximum(end - max_len, first_target[user])
+    return start, end, user
+
+
+def _gather(flat: np.ndarray, start: np.ndarray, end: np.ndarray, shift: int = 0) -> np.ndarray:
+    """Left-padded (B, Lb) matrix of flat[start+shift : end+shift] per row; 0 = PAD."""
+    width = int((end - start).max()) if len(start) else 0
+    idx = end[:, None] - width + np.arange(width)[None, :]
+    keep = idx >= start[:, None]
+    return np.where(keep, flat[np.where(keep, idx + shift, 0)], 0)
+
+
+def bucketed_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, pool: int = 50) -> list[np.ndarray]:
+    """Shuffle, then sort by length inside pools of `pool` batches, then shuffle the batches.
+
+    Rows of similar length share a batch, so trimming removes most padding.
+    """
+    order = rng.permutation(len(lengths))
+    batches: list[np.ndarray] = []
+    span = batch_size * pool
+    for lo in range(0, len(order), span):
+        chunk = order[lo : lo + span]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)  # type: ignore[arg-type]
+    return batches
+
+
+class TrainBatches:
+    """Iterable over one epoch of next-item training batches."""
+
+    def __init__(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int) -> None:
+        self.items = data.items.astype(np.int64)
+        self.start, self.end, self.user = training_windows(data.offsets, data.train_end(), max_len)
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def n_targets(self) -> int:
+        return int((self.end - self.start).sum())
+
+    def __len__(self) -> int:
+        return -(-len(self.start) // self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for rows in bucketed_order(self.end - self.start, self.batch_size, self.rng):
+            s, e = self.start[rows], self.end[rows]
+            yield Batch(
+                items=torch.from_numpy(_gather(self.items, s, e, shift=-1)),
+                targets=torch.from_numpy(_gather(self.items, s, e)),
+                users=torch.from_numpy(self.user[rows]),
+            )
+
+
+def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: int) -> Iterator[Batch]:
+    """Batches of (last `max_len` events before the target, target) for "valid" or "test"."""
+    users, pos = data.eval_positions(which)
+    flat = data.items.astype(np.int64)
+    tpos = data.offsets[users] + pos
+    start = np.maximum(tpos - max_len, data.offsets[users])
+    for lo in range(0, len(users), batch_size):
+        sl = slice(lo, lo + batch_size)
+        yield Batch(
+            items=torch.from_numpy(_gather(flat, start[sl], tpos[sl])),
+            target=torch.from_numpy(flat[tpos[sl]]),
+            users=torch.from_numpy(users[sl]),
+        )
+
+
+def history_batch(histories: list[list[int]], max_len: int) -> Batch:
+    """Left-padded batch from lists of item indices (most recent last)."""
+    rows = [h[-max_len:] for h in histories]
+    width = max(1, max(len(r) for r in rows))
+    out = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, width - len(r) :] = r
+    return Batch(items=torch.from_numpy(out))

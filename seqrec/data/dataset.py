@@ -1,0 +1,153 @@
+"""The prepared-dataset folder and its in-memory view.
+
+Folder layout (everything a later command needs, nothing pickled):
+    meta.json          name, source, counts, options, split, fingerprint
+    items.parquet      idx (1..N), item (raw id), item fields (title, ...)
+    users.parquet      idx (0..U-1), user (raw id)
+    seq_offsets.npy    (U+1,) int64   CSR offsets into seq_items
+    seq_items.npy      (E,)   int32   item index of every event, users in order, time order inside
+    seq_time.npy       (E,)   float64 timestamps (only when the source has them)
+    split.npy          (U, 2) int64   position of the validation / test target in each sequence (-1: none)
+    events.parquet     extra event-level columns (rating, ...), one row per event (optional)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from seqrec import __version__
+from seqrec.data.io import atomic_dir, read_json
+from seqrec.errors import SeqrecError
+
+FORMAT_VERSION = 1
+
+
+def fingerprint(items: np.ndarray, offsets: np.ndarray, split: np.ndarray, raw_ids: list[str]) -> str:
+    h = hashlib.sha256()
+    for arr in (items.astype(np.int64), offsets.astype(np.int64), split.astype(np.int64)):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    h.update("\n".join(raw_ids).encode())
+    return h.hexdigest()[:16]
+
+
+def write_prepared(
+    dest: Path,
+    *,
+    name: str,
+    source: str,
+    items: np.ndarray,
+    offsets: np.ndarray,
+    split: np.ndarray,
+    times: np.ndarray | None,
+    item_table: pl.DataFrame,
+    users: pl.DataFrame,
+    events: dict[str, pl.Series],
+    options: dict[str, Any],
+) -> PreparedDataset:
+    raw_ids = item_table["item"].to_list()
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "seqrec_version": __version__,
+        "name": name,
+        "source": source,
+        "n_users": int(len(offsets) - 1),
+        "n_items": int(item_table.height),
+        "n_interactions": int(len(items)),
+        "has_time": times is not None,
+        "item_fields": [c for c in item_table.columns if c not in ("idx", "item")],
+        "options": options,
+        "fingerprint": fingerprint(items, offsets, split, raw_ids),
+    }
+    with atomic_dir(Path(dest)) as tmp:
+        np.save(tmp / "seq_items.npy", items)
+        np.save(tmp / "seq_offsets.npy", offsets)
+        np.save(tmp / "split.npy", split)
+        if times is not None:
+            np.save(tmp / "seq_time.npy", times.astype(np.float64))
+        item_table.write_parquet(tmp / "items.parquet")
+        users.write_parquet(tmp / "users.parquet")
+        if events:
+            pl.DataFrame(events).write_parquet(tmp / "events.parquet")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return PreparedDataset.load(Path(dest))
+
+
+@dataclass
+class PreparedDataset:
+    path: Path
+    meta: dict[str, Any]
+    items: np.ndarray  # (E,) int32
+    offsets: np.ndarray  # (U+1,) int64
+    split: np.ndarray  # (U, 2) int64
+    times: np.ndarray | None
+    _item_table: pl.DataFrame | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(cls, path: Path) -> PreparedDataset:
+        path = Path(path)
+        if not (path / "meta.json").is_file():
+            raise SeqrecError(f"{path}: not a prepared dataset (no meta.json); run `seqrec data prepare`")
+        meta = read_json(path / "meta.json")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise SeqrecError(f"{path}: prepared with an incompatible format; prepare it again")
+        load = lambda n: np.load(path / n, allow_pickle=False)  # noqa: E731
+        times = load("seq_time.npy") if (path / "seq_time.npy").exists() else None
+        return cls(path, meta, load("seq_items.npy"), load("seq_offsets.npy"), load("split.npy"), times)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.meta["n_items"])
+
+    @property
+    def n_users(self) -> int:
+        return int(self.meta["n_users"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.meta["fingerprint"])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def item_table(self) -> pl.DataFrame:
+        if self._item_table is None:
+            self._item_table = pl.read_parquet(self.path / "items.parquet")
+        return self._item_table
+
+    def train_end(self) -> np.ndarray:
+        """(U,) number of leading events of each user that are training data."""
+        valid, test = self.split[:, 0], self.split[:, 1]
+        lengths = self.lengths
+        return np.where(valid >= 0, valid, np.where(test >= 0, test, lengths))
+
+    def eval_positions(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """Users that have a `which` ("valid" or "test") target, and its position."""
+        col = {"valid": 0, "test": 1}[which]
+        pos = self.split[:, col]
+        users = np.flatnonzero(pos >= 0)
+        return users, pos[users]
+
+    def stats(self) -> dict[str, Any]:
+        lengths = self.lengths
+        q = np.percentile(lengths, [0, 25, 50, 75, 90, 99, 100]).tolist()
+        n_users, n_items = self.n_users, self.n_items
+        return {
+            "name": self.meta["name"],
+            "users": n_users,
+            "items": n_items,
+            "interactions": int(len(self.items)),
+            "density": len(self.items) / max(1, n_users * n_items),
+            "length_mean": float(lengths.mean()),
+            "length_percentiles": dict(zip(["min", "p25", "p50", "p75", "p90", "p99", "max"], q, strict=True)),
+            "split": self.meta["options"].get("split"),
+            "fingerprint": self.fingerprint,
+        }

@@ -1,0 +1,153 @@
+"""Raw interactions -> a prepared dataset folder, once.
+
+Steps, all vectorised with Polars:
+1. order: each user's events are sorted by timestamp; ties (and sources with no
+   timestamps) keep the source's row order. This tie-break is deterministic.
+2. dedupe (optional): "consecutive" drops an event that repeats the user's
+   previous item; "first" keeps only the first event of each (user, item).
+3. k-core (optional): repeatedly drop users and items with fewer than k events
+   until none is left.
+4. users with fewer than `min_user_len` events are dropped (leave-one-out needs 3).
+5. id map: items become 1..N (0 is padding), users 0..U-1, both in sorted order
+   of their raw ids (numeric order when every id is an integer).
+6. split: leave-one-out (last event test, second-to-last validation), or the
+   source's own split when the input is pre-split (UniSRec files), kept exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import polars as pl
+
+from seqrec.data.dataset import PreparedDataset, write_prepared
+from seqrec.data.types import RawDataset
+from seqrec.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrepareOptions:
+    dedupe: Literal["none", "consecutive", "first"] = "none"
+    kcore: int = 0  # 0 or 1: no filtering
+    min_user_len: int = 3
+
+    def __post_init__(self) -> None:
+        if self.dedupe not in ("none", "consecutive", "first"):
+            raise SeqrecError(f"dedupe must be none, consecutive or first, got {self.dedupe!r}")
+        if self.kcore < 0 or self.min_user_len < 1:
+            raise SeqrecError("kcore must be >= 0 and min_user_len >= 1")
+
+
+def order_events(frame: pl.DataFrame) -> pl.DataFrame:
+    """Sort by user, then timestamp (nulls last), then source row order."""
+    frame = frame.with_row_index("_row")
+    return frame.sort(["user", "timestamp", "_row"], nulls_last=True)
+
+
+def dedupe(frame: pl.DataFrame, how: str) -> pl.DataFrame:
+    if how == "consecutive":
+        repeat = (pl.col("item") == pl.col("item").shift(1)) & (
+            pl.col("user") == pl.col("user").shift(1)
+        )
+        return frame.filter(~repeat.fill_null(False))
+    if how == "first":
+        return frame.unique(subset=["user", "item"], keep="first", maintain_order=True)
+    return frame
+
+
+def kcore(frame: pl.DataFrame, k: int) -> pl.DataFrame:
+    """Iteratively keep users and items with at least k events."""
+    if k <= 1:
+        return frame
+    while True:
+        before = frame.height
+        frame = frame.filter(
+            (pl.len().over("user") >= k) & (pl.len().over("item") >= k)
+        )
+        if frame.height == before:
+            return frame
+
+
+def _index_map(ids: pl.Series, start: int) -> pl.DataFrame:
+    """Sorted unique raw ids -> consecutive ints from `start`."""
+    uniq = pl.DataFrame({"id": ids.unique()}).with_columns(num=pl.col("id").cast(pl.Int64, strict=False))
+    uniq = uniq.sort("num" if uniq["num"].null_count() == 0 else "id")["id"].rename(str(ids.name))
+    return pl.DataFrame({ids.name: uniq, "idx": np.arange(start, start + len(uniq), dtype=np.int64)})
+
+
+def _split_positions(frame: pl.DataFrame, offsets: np.ndarray, source: str) -> np.ndarray:
+    """(U, 2) positions of the validation and test targets in each user's sequence."""
+    lengths = np.diff(offsets)
+    if "split" not in frame.columns:
+        return np.stack([lengths - 2, lengths - 1], axis=1)
+    split = frame["split"].to_numpy()
+    pos_in_user = np.arange(frame.height) - np.repeat(offsets[:-1], lengths)
+    out = np.full((len(lengths), 2), -1, dtype=np.int64)
+    users = frame["uidx"].to_numpy()
+    for col, name in enumerate(("valid", "test")):
+        rows = np.flatnonzero(split == name)
+        counts = np.bincount(users[rows], minlength=len(lengths))
+        if (counts > 1).any():
+            raise SeqrecError(f"{source}: a user has more than one '{name}' event")
+        out[users[rows], col] = pos_in_user[rows]
+    has_test = out[:, 1] >= 0
+    want_valid = np.where(has_test, lengths - 2, lengths - 1)
+    if ((out[:, 1] >= 0) & (out[:, 1] != lengths - 1)).any() or (
+        (out[:, 0] >= 0) & (out[:, 0] != want_valid)
+    ).any():
+        raise SeqrecError(f"{source}: pre-split events must end with validation then test")
+    return out
+
+
+def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDataset:
+    frame = raw.interactions.frame
+    source = raw.interactions.source
+    presplit = "split" in frame.columns
+    if presplit and (options.kcore > 1 or options.dedupe != "none"):
+        raise SeqrecError(
+            f"{source}: the input is pre-split; filtering would change its split (use kcore=0, dedupe=none)"
+        )
+    n_raw = frame.height
+    frame = dedupe(order_events(frame), options.dedupe)
+    frame = kcore(frame, options.kcore)
+    frame = frame.filter(pl.len().over("user") >= options.min_user_len)
+    if frame.height == 0:
+        raise SeqrecError(
+            f"{source}: no interactions left after filtering "
+            f"(dedupe={options.dedupe}, kcore={options.kcore}, min_user_len={options.min_user_len})"
+        )
+    items = _index_map(frame["item"], start=1)
+    users = _index_map(frame["user"], start=0)
+    frame = (
+        frame.join(items.rename({"idx": "iidx"}), on="item", how="left")
+        .join(users.rename({"idx": "uidx"}), on="user", how="left")
+        .sort(["uidx", "timestamp", "_row"], nulls_last=True)
+    )
+    counts = np.bincount(frame["uidx"].to_numpy(), minlength=users.height)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    split = _split_positions(frame, offsets, source)
+    item_table = items
+    if raw.items is not None:
+        item_table = item_table.join(raw.items.frame, on="item", how="left")
+    times = frame["timestamp"].to_numpy() if raw.interactions.has_time else None
+    extra = [c for c in frame.columns if c not in ("user", "item", "timestamp", "split", "_row", "iidx", "uidx")]
+    log.info("prepared %s: %d -> %d interactions", raw.name, n_raw, frame.height)
+    return write_prepared(
+        dest,
+        name=raw.name,
+        source=source,
+        items=frame["iidx"].to_numpy().astype(np.int32),
+        offsets=offsets,
+        split=split,
+        times=times,
+        item_table=item_table.sort("idx"),
+        users=users.sort("idx"),
+        events={c: frame[c] for c in extra},
+        options={**asdict(options), "split": "presplit" if presplit else "leave-one-out", "raw_interactions": n_raw},
+    )

@@ -1,0 +1,1 @@
+"""Metrics from ranks, and streaming full ranking."""

@@ -1,0 +1,1 @@
+"""One file per model; every model implements the contract in `seqrec.models.base`."""

@@ -1,0 +1,100 @@
+"""SASRec: Self-Attentive Sequential Recommendation (Kang & McAuley, ICDM 2018).
+
+    x_l = E[s_l] * sqrt(D) + P[l]            item + position embeddings
+    H   = CausalTransformer(dropout(x))      position l sees s_1..s_l only
+    score(i | s_1..s_l) = H_l · E[i] + b_i   tied input/output embeddings, optional bias
+
+Trained on every position of a sequence in one pass, with full-softmax
+cross-entropy (chunked over items for large catalogues) or the original binary
+cross-entropy with sampled negatives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from seqrec.data.batching import Batch
+from seqrec.errors import SeqrecError
+from seqrec.models.base import SequentialModel
+from seqrec.nn.embeddings import make_positions, right_aligned_positions
+from seqrec.nn.losses import bce_negatives, full_ce, uniform_negatives
+from seqrec.nn.transformer import Encoder, attention_mask
+
+
+@dataclass
+class SASRecConfig:
+    name: str = "sasrec"
+    d: int = 64
+    n_layers: int = 2
+    n_heads: int = 1
+    d_ff: int = 256
+    dropout: float = 0.2
+    attn_dropout: float = 0.2
+    norm_first: bool = True  # pre-LN; False = the original post-LN
+    positions: Literal["learned", "sinusoidal"] = "learned"
+    output_bias: bool = False
+    loss: Literal["ce", "bce"] = "ce"
+    n_negatives: int = 1  # for loss = "bce"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.d % self.n_heads:
+            raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
+        if not 0 <= self.dropout < 1 or not 0 <= self.attn_dropout < 1:
+            raise SeqrecError("model.dropout and model.attn_dropout must be in [0, 1)")
+
+
+class SASRec(SequentialModel):
+    name = "sasrec"
+
+    def __init__(self, config: SASRecConfig, n_items: int, max_len: int) -> None:
+        super().__init__()
+        self.config, self.n_items, self.max_len = config, n_items, max_len
+        d = config.d
+        self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0)
+        self.pos_emb = make_positions(config.positions, max_len, d)
+        self.emb_drop = nn.Dropout(config.dropout)
+        self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
+                               config.attn_dropout, config.norm_first)
+        self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
+        self.apply(self._init)
+
+    def _init(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=self.config.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            nn.init.zeros_(module.weight[module.padding_idx])
+
+    def hidden(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, L) left-padded items -> (B, L, D) states; state l has seen items[:, :l+1]."""
+        x = self.item_emb(items) * math.sqrt(self.config.d)
+        x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
+        x = self.emb_drop(x) * (items != 0).unsqueeze(-1)
+        return self.encoder(x, attention_mask(items, causal=True))
+
+    def encode(self, batch: Batch) -> torch.Tensor:
+        return self.hidden(batch.items)[:, -1]  # (B, D): the most recent position
+
+    def item_embeddings(self) -> torch.Tensor:
+        return self.item_emb.weight  # tied: the input table scores the output
+
+    def item_bias(self) -> torch.Tensor | None:
+        return self.bias
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        assert batch.targets is not None, "training batches carry targets"
+        keep = batch.targets != 0
+        h = self.hidden(batch.items)[keep]  # (M, D): only positions that have a target
+        target = batch.targets[keep]
+        W, b = self.item_embeddings(), self.item_bias()
+        if self.config.loss == "bce":
+            neg = uniform_negatives(target, self.n_items, self.config.n_negatives)
+            return bce_negatives(h, W, b, target, neg)
+        return full_ce(h, W, b, target)

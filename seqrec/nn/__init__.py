@@ -1,0 +1,1 @@
+"""Shared layers: embeddings, transformer blocks, scoring heads, losses."""

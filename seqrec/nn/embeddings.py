@@ -1,0 +1,42 @@
+"""Position embeddings, learned or sinusoidal, indexed from the right end of a left-padded batch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def right_aligned_positions(width: int, max_len: int, device: torch.device) -> torch.Tensor:
+    """(Lb,) position ids of a left-padded batch of width Lb: the last column is max_len - 1."""
+    return torch.arange(max_len - width, max_len, device=device)
+
+
+class LearnedPositions(nn.Embedding):
+    def __init__(self, max_len: int, d: int) -> None:
+        super().__init__(max_len, d)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos table (Vaswani et al., 2017); nothing is learned."""
+
+    def __init__(self, max_len: int, d: int) -> None:
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+        freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+        table = torch.zeros(max_len, d)
+        table[:, 0::2] = torch.sin(pos * freq)
+        table[:, 1::2] = torch.cos(pos * freq[: d // 2])
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table[positions]
+
+
+def make_positions(kind: str, max_len: int, d: int) -> nn.Module:
+    if kind == "learned":
+        return LearnedPositions(max_len, d)
+    if kind == "sinusoidal":
+        return SinusoidalPositions(max_len, d)
+    raise ValueError(f"unknown position kind {kind!r}")

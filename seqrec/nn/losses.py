@@ -1,0 +1,93 @@
+"""Next-item losses, written once for every model.
+
+Shapes: h (M, D) states at positions that have a target; W (N+1, D) item
+vectors with row 0 = padding; b (N+1,) optional output bias; target (M,) in 1..N.
+Logits are `h W^T + b` over items 1..N (padding never competes).
+
+- `full_ce`: softmax cross-entropy over the whole catalogue. When M x N is
+  large it is computed in item chunks by `ChunkedSoftmaxCE`, whose backward
+  recomputes each chunk, so memory is O(M x chunk) instead of O(M x N).
+- `bce_negatives`: the original SASRec objective, binary cross-entropy of the
+  positive against k uniformly sampled negatives (never the positive).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_ELEMENTS = 1 << 24  # logits materialised at once by the chunked path
+
+
+def _logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    out = h @ W.T
+    return out if b is None else out + b
+
+
+class ChunkedSoftmaxCE(torch.autograd.Function):
+    """Mean softmax cross-entropy over items 1..N, streaming over item chunks."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, target: torch.Tensor,
+                chunk: int) -> torch.Tensor:
+        h32, lse = h.float(), torch.full((h.shape[0],), -torch.inf, device=h.device)
+        for lo in range(1, W.shape[0], chunk):
+            logits = _logits(h32, W[lo : lo + chunk].float(), b[lo : lo + chunk].float())
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+        pos = (h32 * W[target].float()).sum(-1) + b[target].float()
+        ctx.save_for_backward(h, W, b, target, lse)
+        ctx.chunk = chunk
+        return (lse - pos).mean()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        h, W, b, target, lse = ctx.saved_tensors
+        scale = grad / h.shape[0]
+        h32 = h.float()
+        gh = torch.zeros_like(h32)
+        gW = torch.zeros(W.shape, dtype=torch.float32, device=W.device)
+        gb = torch.zeros(b.shape, dtype=torch.float32, device=b.device)
+        for lo in range(1, W.shape[0], ctx.chunk):
+            Wc = W[lo : lo + ctx.chunk].float()
+            p = torch.exp(_logits(h32, Wc, b[lo : lo + ctx.chunk].float()) - lse[:, None]) * scale
+            gh += p @ Wc
+            gW[lo : lo + ctx.chunk] = p.T @ h32
+            gb[lo : lo + ctx.chunk] = p.sum(0)
+        # minus the one-hot of the target
+        gh -= W[target].float() * scale
+        gW.index_add_(0, target, -h32 * scale)
+        gb.index_add_(0, target, torch.full_like(target, -1, dtype=torch.float32) * scale)
+        return gh.to(h.dtype), gW.to(W.dtype), gb.to(b.dtype), None, None
+
+
+def full_ce(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+            chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    n_items = W.shape[0] - 1
+    if h.shape[0] * n_items <= chunk_elements:
+        logits = _logits(h, W[1:], None if b is None else b[1:])
+        return F.cross_entropy(logits.float(), target - 1)
+    chunk = max(1, chunk_elements // max(1, h.shape[0]))
+    bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
+    return ChunkedSoftmaxCE.apply(h, W, bias, target, chunk)  # type: ignore[no-any-return]
+
+
+def uniform_negatives(target: torch.Tensor, n_items: int, k: int,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """(M, k) items drawn uniformly from 1..N without the row's positive."""
+    offset = torch.randint(1, n_items, (target.shape[0], k), device=target.device, generator=generator)
+    return (target[:, None] - 1 + offset) % n_items + 1
+
+
+def bce_negatives(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+                  negatives: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy: the positive against each of its sampled negatives."""
+    pos = (h * W[target]).sum(-1)
+    neg = torch.einsum("md,mkd->mk", h, W[negatives])
+    if b is not None:
+        pos, neg = pos + b[target], neg + b[negatives]
+    pos_loss = F.binary_cross_entropy_with_logits(pos.float(), torch.ones_like(pos, dtype=torch.float32))
+    neg_loss = F.binary_cross_entropy_with_logits(neg.float(), torch.zeros_like(neg, dtype=torch.float32),
+                                                  reduction="none").sum(-1).mean()
+    return pos_loss + neg_loss

@@ -1,0 +1,75 @@
+"""Top-k recommendations for a raw history of item ids, from a saved run or checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from seqrec.data.batching import history_batch
+from seqrec.errors import SeqrecError
+from seqrec.models.base import SequentialModel
+from seqrec.train.checkpoint import load_checkpoint
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    item: str  # raw item id
+    score: float
+    title: str | None = None
+
+
+class Recommender:
+    def __init__(self, model: SequentialModel, items: pl.DataFrame, max_len: int) -> None:
+        self.model, self.max_len = model.eval(), max_len
+        self.raw_ids: list[str] = items.sort("idx")["item"].to_list()
+        self.titles: list[str | None] | None = (
+            items.sort("idx")["title"].cast(pl.Utf8).to_list() if "title" in items.columns else None
+        )
+        self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
+
+    @classmethod
+    def from_run(cls, path: Path | str, device: str = "cpu") -> Recommender:
+        """A run folder (with checkpoint/) or a checkpoint folder."""
+        path = Path(path)
+        ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
+        if not (ckpt / "model.json").is_file():
+            raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
+        model, meta = load_checkpoint(ckpt, device)
+        return cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]))
+
+    @property
+    def n_items(self) -> int:
+        return len(self.raw_ids)
+
+    def to_indices(self, history: Sequence[str]) -> list[int]:
+        unknown = [h for h in history if h not in self.index]
+        if unknown:
+            shown = ", ".join(repr(u) for u in unknown[:5])
+            raise SeqrecError(f"unknown item id(s) in history: {shown}" + (" ..." if len(unknown) > 5 else ""))
+        return [self.index[h] for h in history]
+
+    @torch.no_grad()
+    def recommend(self, history: Sequence[str], k: int = 10, exclude_seen: bool = False) -> list[Recommendation]:
+        """Top-k raw item ids (most recent history item last), best first."""
+        if not 1 <= k <= self.n_items:
+            raise SeqrecError(f"k={k} must be between 1 and the catalogue size {self.n_items}")
+        if not history:
+            raise SeqrecError("the history is empty; give at least one item id")
+        idx = self.to_indices(history)
+        device = self.model.item_embeddings().device
+        scores = self.model.score(history_batch([idx], self.max_len).to(device))[0].float()
+        scores[0] = -torch.inf
+        if exclude_seen:
+            scores[torch.tensor(idx, device=device)] = -torch.inf
+        k = min(k, int(torch.isfinite(scores).sum()))
+        if k == 0:
+            raise SeqrecError("no item is left to recommend after excluding the history")
+        top = torch.topk(scores, k)
+        return [
+            Recommendation(self.raw_ids[i - 1], float(s), None if self.titles is None else self.titles[i - 1])
+            for s, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+        ]

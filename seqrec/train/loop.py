@@ -1,0 +1,164 @@
+"""The one training loop: every model trains, validates and is checkpointed here.
+
+Early stopping watches validation NDCG@10; the best checkpoint is the one that
+is tested, once, at the end. A run folder holds:
+    config.json      the resolved config
+    metrics.jsonl    one line per epoch (loss, throughput, validation metrics)
+    checkpoint/      best weights (safetensors + JSON)
+    results.json     validation and test metrics of the best epoch, with the protocol
+    curve.png        the learning curve
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from seqrec import __version__
+from seqrec.config import RunConfig
+from seqrec.data.batching import TrainBatches
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.io import write_json_atomic
+from seqrec.eval.evaluate import evaluate, protocol
+from seqrec.models.base import SequentialModel
+from seqrec.registry import build_model
+from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
+from seqrec.train.plots import learning_curve
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    kind = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
+    return kind(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+
+@dataclass
+class EpochStats:
+    loss: float
+    seconds: float
+    targets_per_s: float
+
+
+def train_epoch(model: SequentialModel, batches: TrainBatches, opt: torch.optim.Optimizer,
+                cfg: RunConfig, device: torch.device, epoch: int) -> EpochStats:
+    model.train()
+    total, n, t0 = 0.0, 0, time.perf_counter()
+    bar = tqdm(batches, desc=f"epoch {epoch}", disable=not cfg.train.progress, leave=False)
+    for batch in bar:
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
+            loss = model.loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.train.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
+        opt.step()
+        total, n = total + loss.item(), n + 1
+        bar.set_postfix(loss=f"{total / n:.4f}")
+    seconds = time.perf_counter() - t0
+    return EpochStats(total / max(1, n), seconds, batches.n_targets / max(seconds, 1e-9))
+
+
+def selection_metric(ks: list[int]) -> str:
+    return f"ndcg@{10 if 10 in ks else ks[0]}"
+
+
+def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
+        model: SequentialModel | None = None) -> dict[str, Any]:
+    """Train with early stopping on validation, test the best checkpoint once."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cfg.to_dict())
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    seed_everything(cfg.train.seed)
+    device = pick_device(cfg.train.device)
+    L = cfg.data.max_len
+    model = (model or build_model(cfg.model, data.n_items, L)).to(device)
+    opt = make_optimizer(model, cfg)
+    batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed)
+    metric = selection_metric(cfg.eval.ks)
+    best, best_epoch, bad, start = -1.0, 0, 0, time.perf_counter()
+    ckpt = run_dir / "checkpoint"
+    history: list[dict[str, Any]] = []
+    (run_dir / "metrics.jsonl").write_text("")
+    for epoch in range(1, cfg.train.epochs + 1):
+        stats = train_epoch(model, batches, opt, cfg, device, epoch)
+        row: dict[str, Any] = {"epoch": epoch, "loss": stats.loss, "train_s": stats.seconds,
+                               "targets_per_s": stats.targets_per_s}
+        if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
+            valid = evaluate(model, data, "valid", L, cfg.eval, device)
+            row["valid"] = valid
+            if valid[metric] > best:
+                best, best_epoch, bad = valid[metric], epoch, 0
+                save_checkpoint(model, ckpt, max_len=L, item_table=data.item_table,
+                                extra={"epoch": epoch, "dataset_fingerprint": data.fingerprint})
+            else:
+                bad += 1
+        row["elapsed_s"] = time.perf_counter() - start
+        history.append(row)
+        with (run_dir / "metrics.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        log.info("epoch %d loss %.4f %s %.4f (best %.4f @ %d) %.0f targets/s", epoch, stats.loss,
+                 metric, row.get("valid", {}).get(metric, float("nan")), best, best_epoch,
+                 stats.targets_per_s)
+        if bad >= cfg.train.patience:
+            log.info("early stop: no better %s for %d evaluations", metric, bad)
+            break
+        if cfg.train.time_budget_s and row["elapsed_s"] > cfg.train.time_budget_s:
+            log.info("time budget of %.0f s reached", cfg.train.time_budget_s)
+            break
+    train_seconds = time.perf_counter() - start
+    best_model, _ = load_checkpoint(ckpt, device)
+    results = final_results(best_model, data, cfg, device, best_epoch, history, train_seconds)
+    write_json_atomic(run_dir / "results.json", results)
+    learning_curve(history, metric, run_dir / "curve.png")
+    return results
+
+
+def final_results(model: SequentialModel, data: PreparedDataset, cfg: RunConfig, device: torch.device,
+                  best_epoch: int, history: list[dict[str, Any]], train_seconds: float) -> dict[str, Any]:
+    """Validation and test metrics of the chosen checkpoint; the test split is read here only."""
+    L = cfg.data.max_len
+    valid = evaluate(model, data, "valid", L, cfg.eval, device)
+    test = evaluate(model, data, "test", L, cfg.eval, device)
+    return {
+        "seqrec_version": __version__,
+        "model": cfg.model.name,
+        "dataset": data.meta["name"],
+        "protocol": {**protocol(data, cfg.eval, "test", L), "model_selection": f"best validation {selection_metric(cfg.eval.ks)}"},
+        "checkpoint": {"epoch": best_epoch, "path": "checkpoint"},
+        "valid": valid,
+        "test": test,
+        "epochs_run": len(history),
+        "train_seconds": train_seconds,
+        "peak_rss_mb": peak_rss_mb(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "device": str(device),
+    }

@@ -1,0 +1,27 @@
+"""The learning-curve PNG of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def learning_curve(history: list[dict[str, Any]], metric: str, dest: Path) -> None:
+    epochs = [r["epoch"] for r in history]
+    fig, ax1 = plt.subplots(figsize=(7, 4))
+    ax1.plot(epochs, [r["loss"] for r in history], color="tab:blue", label="train loss")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("train loss", color="tab:blue")
+    ax2 = ax1.twinx()
+    evals = [r for r in history if "valid" in r]
+    ax2.plot([r["epoch"] for r in evals], [r["valid"][metric] for r in evals], color="tab:red",
+             marker="o", markersize=3, label=f"valid {metric}")
+    ax2.set_ylabel(f"valid {metric}", color="tab:red")
+    fig.tight_layout()
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
