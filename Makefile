@@ -1,0 +1,39 @@
+# Two entry points: `make demo` and `make test`. Both create (or reuse) .venv,
+# installing torch==2.13.0 first so that nothing pulls a CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.seqrec-installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test lint typecheck unit clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[text,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/seqrec data fetch ml-100k
+	$(VENV)/bin/seqrec data prepare ml-100k
+	$(VENV)/bin/seqrec train --dataset ml-100k --config configs/ml-100k-sasrec.toml --out runs/demo-ml-100k-sasrec
+	$(VENV)/bin/seqrec recommend runs/demo-ml-100k-sasrec --user 1 -k 10
+
+lint: setup
+	$(VENV)/bin/ruff check seqrec tests benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(PY) -m pytest
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) runs .mypy_cache .ruff_cache .pytest_cache

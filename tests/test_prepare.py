@@ -1,0 +1,115 @@
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from seqrec.data.batching import eval_batches, training_windows, TrainBatches
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.prepare import PrepareOptions, kcore, prepare
+from seqrec.data.types import Interactions, RawDataset
+from seqrec.errors import SeqrecError
+
+
+def raw(rows: list[tuple[str, str, float | None]], split: list[str] | None = None) -> RawDataset:
+    frame = pl.DataFrame({"user": [r[0] for r in rows], "item": [r[1] for r in rows],
+                          "timestamp": pl.Series([r[2] for r in rows], dtype=pl.Float64)})
+    if split is not None:
+        frame = frame.with_columns(split=pl.Series(split))
+    return RawDataset(Interactions(frame, "test-log"), None, "t")
+
+
+def sequences(d: PreparedDataset) -> list[list[str]]:
+    ids = d.item_table.sort("idx")["item"].to_list()
+    return [[ids[i - 1] for i in d.items[a:b]] for a, b in zip(d.offsets[:-1], d.offsets[1:], strict=True)]
+
+
+def test_time_order_with_row_order_tiebreak(tmp_path: Path) -> None:
+    rows = [("a", "x", 5.0), ("a", "y", 1.0), ("a", "z", 5.0), ("a", "w", 3.0), ("b", "x", 1.0),
+            ("b", "y", 1.0), ("b", "z", 1.0)]
+    d = prepare(raw(rows), PrepareOptions(), tmp_path / "p")
+    assert sequences(d) == [["y", "w", "x", "z"], ["x", "y", "z"]]
+    # ids: sorted raw ids, 1-based
+    assert d.item_table["item"].to_list() == ["w", "x", "y", "z"]
+    assert d.item_table["idx"].to_list() == [1, 2, 3, 4]
+
+
+def test_numeric_ids_sort_numerically(tmp_path: Path) -> None:
+    rows = [("1", "10", 1.0), ("1", "9", 2.0), ("1", "100", 3.0)]
+    d = prepare(raw(rows), PrepareOptions(), tmp_path / "p")
+    assert d.item_table["item"].to_list() == ["9", "10", "100"]
+
+
+def test_dedupe_and_kcore(tmp_path: Path) -> None:
+    rows = [("a", "x", 1.0), ("a", "x", 2.0), ("a", "y", 3.0), ("a", "x", 4.0)]
+    d = prepare(raw(rows), PrepareOptions(dedupe="consecutive"), tmp_path / "c")
+    assert sequences(d) == [["x", "y", "x"]]
+    with pytest.raises(SeqrecError, match="no interactions left"):
+        prepare(raw(rows), PrepareOptions(dedupe="first"), tmp_path / "f")  # 2 events < min_user_len
+    frame = pl.DataFrame({"user": ["a", "a", "b", "b", "c"], "item": ["x", "y", "x", "y", "x"]})
+    # c has 1 event -> dropped; then x has 2, y has 2 -> kept at k=2
+    assert sorted(kcore(frame, 2)["user"].unique().to_list()) == ["a", "b"]
+    # at k=3 the cascade empties everything
+    assert kcore(frame, 3).height == 0
+
+
+def test_leave_one_out_split_keeps_targets_out_of_training(tiny_dataset: PreparedDataset) -> None:
+    d = tiny_dataset
+    lengths = d.lengths
+    np.testing.assert_array_equal(d.split[:, 1], lengths - 1)
+    np.testing.assert_array_equal(d.split[:, 0], lengths - 2)
+    start, end, user = training_windows(d.offsets, d.train_end(), max_len=4)
+    # every training target lies strictly before the user's validation position
+    valid_flat = d.offsets[:-1] + d.split[:, 0]
+    assert (end <= valid_flat[user]).all()
+    # and every training event after the first is a target exactly once
+    covered = np.zeros(len(d.items), dtype=int)
+    for s, e in zip(start, end, strict=True):
+        covered[s:e] += 1
+    for u in range(d.n_users):
+        a = d.offsets[u]
+        assert covered[a] == 0
+        assert (covered[a + 1 : a + d.split[u, 0]] == 1).all()
+        assert (covered[a + d.split[u, 0] : d.offsets[u + 1]] == 0).all()
+
+
+def test_batches_are_left_padded_shifted_pairs(tiny_dataset: PreparedDataset) -> None:
+    batches = TrainBatches(tiny_dataset, max_len=4, batch_size=8, seed=0)
+    for b in batches:
+        assert b.targets is not None
+        # inputs are the targets shifted right by one, padding aligned
+        assert ((b.items == 0) == (b.targets == 0)).all()
+        assert (b.items[:, -1] != 0).all()
+    test = next(eval_batches(tiny_dataset, "test", max_len=50, batch_size=1000))
+    u = int(test.users[0])
+    a, z = tiny_dataset.offsets[u], tiny_dataset.offsets[u + 1]
+    assert test.target is not None and int(test.target[0]) == tiny_dataset.items[z - 1]
+    row = test.items[0][test.items[0] != 0].numpy()
+    np.testing.assert_array_equal(row, tiny_dataset.items[a : z - 1])
+
+
+def test_presplit_is_honoured_exactly(tmp_path: Path) -> None:
+    rows = [("a", "x", None), ("a", "y", None), ("a", "z", None), ("a", "w", None)]
+    d = prepare(raw(rows, ["train", "train", "valid", "test"]), PrepareOptions(), tmp_path / "p")
+    assert d.split.tolist() == [[2, 3]]
+    with pytest.raises(SeqrecError, match="pre-split"):
+        prepare(raw(rows, ["train", "valid", "train", "test"]), PrepareOptions(), tmp_path / "q")
+    with pytest.raises(SeqrecError, match="pre-split"):
+        prepare(raw(rows, ["train", "train", "valid", "test"]), PrepareOptions(kcore=5), tmp_path / "r")
+
+
+def test_prepared_folder_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqrec.data.dataset as ds
+
+    rows = [("a", "x", 1.0), ("a", "y", 2.0), ("a", "z", 3.0)]
+    prepare(raw(rows), PrepareOptions(), tmp_path / "p")
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(ds.np, "save", boom)
+    with pytest.raises(RuntimeError):
+        prepare(raw(rows), PrepareOptions(), tmp_path / "p")
+    # the earlier complete folder is still there and loads; no temp folders are left
+    assert PreparedDataset.load(tmp_path / "p").n_items == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]
