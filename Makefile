@@ -22,7 +22,7 @@ demo: setup
 	$(VENV)/bin/seqrec data fetch ml-100k
 	$(VENV)/bin/seqrec data prepare ml-100k
 	$(VENV)/bin/seqrec train --dataset ml-100k --config configs/ml-100k-sasrec.toml --out runs/demo-ml-100k-sasrec
-	$(VENV)/bin/seqrec recommend runs/demo-ml-100k-sasrec --user 1 -k 10
+	$(VENV)/bin/seqrec recommend runs/demo-ml-100k-sasrec --user 1 -k 10 --exclude-seen
 
 lint: setup
 	$(VENV)/bin/ruff check seqrec tests benchmarks

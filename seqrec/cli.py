@@ -9,8 +9,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from seqrec.errors import SeqrecError
+
+if TYPE_CHECKING:
+    from seqrec.data.types import RawDataset
 
 log = logging.getLogger("seqrec")
 
@@ -38,11 +42,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if args.name != "ml-100k":
         raise SeqrecError(f"fetch knows only ml-100k; for {args.name!r} prepare it with --source DIR")
     result = fetch_ml100k(_home())
-    print(f"ml-100k ready in {result.path} (source: {result.source}, layout: {result.layout})")
+    print(f"ml-100k ready in {result.directory} (source: {result.source}, layout: {result.layout})")
     return 0
 
 
-def _prepare_source(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any]]:
     from seqrec.data.catalog import KNOWN_DATASETS, load_format, load_known
 
     if args.format:
@@ -97,7 +101,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_metrics(results: dict) -> None:  # type: ignore[type-arg]
+def print_metrics(results: dict[str, Any]) -> None:
     ks = results["protocol"]["ks"]
     names = ("recall", "ndcg", "mrr")
     print(f"{'split':<7}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names))
@@ -121,7 +125,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not cfg.data.dataset:
         raise SeqrecError("no dataset: give --dataset or data.dataset in the config")
     data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
-    run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{stamp}"
     results = fit(cfg, data, run_dir)
     print(f"run: {run_dir}  (best epoch {results['checkpoint']['epoch']}, {results['train_seconds']:.0f}s)")
     print_metrics(results)
@@ -148,21 +153,51 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
         raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
                           f"but {data.path} has {data.fingerprint}")
-    results = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}
+    results: dict[str, Any] = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}
     for split in ("valid", "test"):
-        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)  # type: ignore[assignment]
+        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
     print_metrics(results)
     return 0
+
+
+def user_history(run: Path, user: str) -> list[str]:
+    """A user's full raw item history, from the prepared dataset the run was trained on."""
+    import polars as pl
+
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.io import read_json
+
+    if not (run / "config.json").is_file():
+        raise SeqrecError(f"{run}: --user needs a run folder with config.json")
+    data = PreparedDataset.load(resolve_dataset(read_json(run / "config.json")["data"]["dataset"]))
+    users = pl.read_parquet(data.path / "users.parquet")
+    match = users.filter(pl.col("user") == user)
+    if match.height == 0:
+        raise SeqrecError(f"unknown user {user!r} in {data.path}")
+    u = int(match["idx"][0])
+    raw = data.item_table.sort("idx")["item"].to_list()
+    return [raw[i - 1] for i in data.items[data.offsets[u] : data.offsets[u + 1]]]
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
     rec = Recommender.from_run(args.run)
-    history = args.history.replace(",", " ").split()
+    if (args.history is None) == (args.user is None):
+        raise SeqrecError("give exactly one of --history or --user")
+    if args.user is not None:
+        history = user_history(Path(args.run), args.user)
+        titles = rec.titles or [None] * rec.n_items
+        print(f"user {args.user}: {len(history)} items; the last {min(10, len(history))}:")
+        for raw in history[-10:]:
+            title = titles[rec.index[raw] - 1]
+            print(f"       {raw:<12} {title or ''}")
+        print(f"top {args.k}{' (seen items excluded)' if args.exclude_seen else ''}:")
+    else:
+        history = args.history.replace(",", " ").split()
     for rank, r in enumerate(rec.recommend(history, args.k, exclude_seen=args.exclude_seen), start=1):
         title = f"  {r.title}" if r.title else ""
-        print(f"{rank:>3}  {r.item:<12} {r.score:>9.4f}{title}")
+        print(f"{rank:>5}  {r.item:<12} {r.score:>9.4f}{title}")
     return 0
 
 
@@ -170,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seqrec", description="Sequential recommendation.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
-    data = sub.add_parser("data", help="fetch, prepare and inspect datasets").add_subparsers(dest="data_cmd", required=True)
+    data_parser = sub.add_parser("data", help="fetch, prepare and inspect datasets")
+    data = data_parser.add_subparsers(dest="data_cmd", required=True)
     f = data.add_parser("fetch", help="download a public dataset into $SEQREC_HOME/raw")
     f.add_argument("name")
     f.set_defaults(fn=cmd_fetch)
@@ -204,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_evaluate)
     r = sub.add_parser("recommend", help="top-k items for a history of raw item ids")
     r.add_argument("run")
-    r.add_argument("--history", required=True, help='raw item ids, oldest first: "50 172 133"')
+    r.add_argument("--history", help='raw item ids, oldest first: "50 172 133"')
+    r.add_argument("--user", help="a raw user id of the run's dataset: use that user's whole history")
     r.add_argument("-k", type=int, default=10)
     r.add_argument("--exclude-seen", action="store_true")
     r.set_defaults(fn=cmd_recommend)

@@ -21,4 +21,4 @@ def model_config_class(name: str) -> type:
 
 def build_model(config: Any, n_items: int, max_len: int) -> SequentialModel:
     _, cls = MODELS[config.name]
-    return cls(config, n_items, max_len)  # type: ignore[call-arg]
+    return cls(config, n_items, max_len)

@@ -4,7 +4,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from seqrec.data.batching import eval_batches, training_windows, TrainBatches
+from seqrec.data.batching import TrainBatches, eval_batches, training_windows
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.prepare import PrepareOptions, kcore, prepare
 from seqrec.data.types import Interactions, RawDataset

@@ -32,12 +32,16 @@ class Batch:
     users: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return replace(self, items=move(self.items), targets=move(self.targets),
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return replace(self, items=self.items.to(device, non_blocking=True), targets=move(self.targets),
                        target=move(self.target), users=move(self.users))
 
 
-def training_windows(offsets: np.ndarray, train_end: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def training_windows(
+    offsets: np.ndarray, train_end: np.ndarray, max_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, user) of every window of targets, as flat indices into the item array.
 
     A window's targets are events [start, end); its inputs are [start - 1, end - 1).
@@ -74,8 +78,7 @@ def bucketed_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
         chunk = order[lo : lo + span]
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
         batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
-    rng.shuffle(batches)  # type: ignore[arg-type]
-    return batches
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 class TrainBatches:

@@ -76,8 +76,8 @@ def kcore(frame: pl.DataFrame, k: int) -> pl.DataFrame:
 
 def _index_map(ids: pl.Series, start: int) -> pl.DataFrame:
     """Sorted unique raw ids -> consecutive ints from `start`."""
-    uniq = pl.DataFrame({"id": ids.unique()}).with_columns(num=pl.col("id").cast(pl.Int64, strict=False))
-    uniq = uniq.sort("num" if uniq["num"].null_count() == 0 else "id")["id"].rename(str(ids.name))
+    table = pl.DataFrame({"id": ids.unique()}).with_columns(num=pl.col("id").cast(pl.Int64, strict=False))
+    uniq = table.sort("num" if table["num"].null_count() == 0 else "id")["id"].rename(str(ids.name))
     return pl.DataFrame({ids.name: uniq, "idx": np.arange(start, start + len(uniq), dtype=np.int64)})
 
 

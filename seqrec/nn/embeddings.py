@@ -28,6 +28,7 @@ class SinusoidalPositions(nn.Module):
         table = torch.zeros(max_len, d)
         table[:, 0::2] = torch.sin(pos * freq)
         table[:, 1::2] = torch.cos(pos * freq[: d // 2])
+        self.table: torch.Tensor
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ def full_ce(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: to
         return F.cross_entropy(logits.float(), target - 1)
     chunk = max(1, chunk_elements // max(1, h.shape[0]))
     bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
-    return ChunkedSoftmaxCE.apply(h, W, bias, target, chunk)  # type: ignore[no-any-return]
+    return ChunkedSoftmaxCE.apply(h, W, bias, target, chunk)
 
 
 def uniform_negatives(target: torch.Tensor, n_items: int, k: int,

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -46,7 +45,6 @@ def pick_device(name: str) -> torch.device:
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
-    np.random.seed(seed)
     torch.manual_seed(seed)
 
 
@@ -152,7 +150,8 @@ def final_results(model: SequentialModel, data: PreparedDataset, cfg: RunConfig,
         "seqrec_version": __version__,
         "model": cfg.model.name,
         "dataset": data.meta["name"],
-        "protocol": {**protocol(data, cfg.eval, "test", L), "model_selection": f"best validation {selection_metric(cfg.eval.ks)}"},
+        "protocol": {**protocol(data, cfg.eval, "test", L),
+                     "model_selection": f"best validation {selection_metric(cfg.eval.ks)}"},
         "checkpoint": {"epoch": best_epoch, "path": "checkpoint"},
         "valid": valid,
         "test": test,

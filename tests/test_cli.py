@@ -1,0 +1,97 @@
+"""The `seqrec` command end to end on a tiny generated dataset, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqrec.cli import main
+from tests.conftest import synthetic_log
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
+    raw = synthetic_log()
+    raw.interactions.frame.rename({"user": "uid", "item": "iid", "timestamp": "ts"}).write_csv(tmp_path / "log.csv")
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+                       "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    assert code == 0 and "60 users, 30 items" in out
+    code, out, _ = run(capsys, "data", "stats", "toy")
+    assert code == 0 and "users         60" in out
+    run_dir = home / "run"
+    code, out, _ = run(capsys, "train", "--dataset", "toy", "--model", "sasrec", "--out", str(run_dir),
+                       "--set", "train.epochs=20", "--set", "model.d=16", "--set", "data.max_len=8",
+                       "--set", "train.progress=false", "--set", "train.lr=0.01", "--set", "eval.ks=[5, 10]")
+    assert code == 0, out
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["protocol"]["ranking"] == "full (all items)"
+    assert results["protocol"]["filter_seen"] is False and results["protocol"]["ks"] == [5, 10]
+    assert results["protocol"]["dataset_fingerprint"]
+    assert results["test"]["recall@10"] > 0.8  # the +1 walk is learnable
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == results["epochs_run"] and (run_dir / "curve.png").stat().st_size > 0
+    assert (run_dir / "checkpoint" / "model.safetensors").is_file()
+    code, out, _ = run(capsys, "evaluate", str(run_dir))
+    assert code == 0
+    test_row = next(line for line in out.splitlines() if line.startswith("test"))
+    assert f"{results['test']['recall@10']:.4f}" in test_row
+    # history i3 i4 i5 -> the walk continues with i6
+    code, out, _ = run(capsys, "recommend", str(run_dir), "--history", "i3 i4 i5", "-k", "3")
+    assert code == 0
+    first = out.splitlines()[0].split()
+    assert first[1] == "i6" and "Item number 6" not in out  # the CSV has no titles
+    code, out, _ = run(capsys, "recommend", str(run_dir), "--user", "u0", "-k", "2")
+    assert code == 0 and "user u0" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["data", "prepare", "x", "--format", "csv", "--path", "missing.csv", "--user-col", "u", "--item-col", "i"],
+         "missing.csv"),
+        (["data", "prepare", "x", "--format", "csv", "--path", "{home}/log.csv", "--user-col", "user",
+          "--item-col", "iid"], "available"),
+        (["data", "prepare", "nope"], "unknown dataset"),
+        (["data", "stats", "nope"], "no prepared dataset"),
+        (["train", "--dataset", "toy", "--set", "model.dd=3"], "model.dd"),
+        (["train", "--dataset", "toy", "--set", "train.lr=fast"], "train.lr"),
+        (["train", "--dataset", "toy", "--model", "gpt"], "unknown model"),
+        (["recommend", "{home}/nowhere", "--history", "i1"], "no checkpoint"),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(home: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                           message: str) -> None:
+    run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    code, _, err = run(capsys, *[a.format(home=home) for a in argv])
+    assert code == 2
+    assert err.startswith("seqrec: error:") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    run_dir = home / "run"
+    assert main(["train", "--dataset", "toy", "--out", str(run_dir), "--set", "train.epochs=1",
+                 "--set", "model.d=8", "--set", "train.progress=false"]) == 0
+    capsys.readouterr()
+    for argv, message in [
+        (["--history", "i1 zzz"], "unknown item id(s) in history: 'zzz'"),
+        (["--history", "i1", "-k", "31"], "k=31"),
+        (["--user", "nobody"], "unknown user"),
+    ]:
+        code, _, err = run(capsys, "recommend", str(run_dir), *argv)
+        assert code == 2 and message in err, err

@@ -1,0 +1,43 @@
+from pathlib import Path
+
+import pytest
+
+from seqrec.config import load_toml, parse_override, resolve
+from seqrec.errors import SeqrecError
+
+
+def test_overrides_are_typed() -> None:
+    assert parse_override("model.d=128") == (["model", "d"], 128)
+    assert parse_override("train.lr=1e-3") == (["train", "lr"], 0.001)
+    assert parse_override("eval.ks=[5, 20]") == (["eval", "ks"], [5, 20])
+    assert parse_override("train.device=cuda:1") == (["train", "device"], "cuda:1")
+    cfg = resolve({"model": {"d": 32}}, ["model.d=128", "train.lr=1", "eval.ks=[50, 10, 10]"])
+    assert cfg.model.d == 128 and cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.eval.ks == [10, 50]
+
+
+@pytest.mark.parametrize(
+    ("raw", "overrides", "message"),
+    [
+        ({}, ["model.dd=3"], "model.dd"),
+        ({"trian": {}}, [], "trian"),
+        ({}, ["train.epochs=1.5"], "train.epochs"),
+        ({}, ["train.bf16=1"], "train.bf16"),
+        ({}, ["model.loss=hinge"], "model.loss"),
+        ({}, ["model.n_heads=3"], "divisible"),
+        ({}, ["nokey"], "section.key=value"),
+        ({"model": {"name": "gpt"}}, [], "unknown model"),
+    ],
+)
+def test_bad_config_names_the_key(raw: dict, overrides: list[str], message: str) -> None:
+    with pytest.raises(SeqrecError, match=message):
+        resolve(raw, overrides)
+
+
+def test_toml_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(SeqrecError, match="not found"):
+        load_toml(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\n")
+    with pytest.raises(SeqrecError, match=r"bad\.toml"):
+        load_toml(bad)
