@@ -78,3 +78,10 @@ def test_streaming_matches_one_shot() -> None:
     brute = [(torch.cat([emb[1:t], emb[t + 1 :]]) @ h[u] >= emb[t] @ h[u]).sum().item() + 1
              for u, t in enumerate(target.tolist())]
     np.testing.assert_array_equal(whole, brute)
+
+
+def test_infinite_scores_tie_against_the_target() -> None:
+    emb, h = _emb(3), torch.zeros(1, 4)
+    inf = float("inf")
+    assert rank_targets(h, torch.tensor([1]), emb, torch.tensor([0.0, inf, inf, 0.5])).item() == 2
+    assert rank_targets(h, torch.tensor([1]), emb, torch.tensor([0.0, 1.0, inf, 1.0])).item() == 3

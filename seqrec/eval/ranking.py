@@ -58,10 +58,16 @@ def rank_targets(
     if filter_seen and history is not None:
         scores.scatter_(1, history, -torch.inf)
     scores[rows, target] = -torch.inf  # the target never counts against itself
-    beaten_by = (scores >= target_score[:, None]).sum(dim=1)
+    finite = bool(torch.isfinite(target_score).all())
+    if finite and scores.shape[1] < (1 << 24):
+        # In place, without a second (B, N) tensor: with IEEE subnormals, a - b >= 0 exactly when a >= b,
+        # and float32 counts are exact below 2^24 items.
+        beaten_by = scores.sub_(target_score[:, None]).ge_(0).sum(dim=1).long()
+    else:
+        beaten_by = (scores >= target_score[:, None]).sum(dim=1)
     # A NaN target score is a broken model, not a lucky one: worst rank.
-    worst = torch.full_like(beaten_by, item_emb.shape[0] - 1)
-    beaten_by = torch.where(torch.isnan(target_score), worst - 1, beaten_by)
+    worst = torch.full_like(beaten_by, item_emb.shape[0] - 2)
+    beaten_by = torch.where(torch.isnan(target_score), worst, beaten_by)
     return beaten_by + 1
 
 

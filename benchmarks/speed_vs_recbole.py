@@ -1,0 +1,112 @@
+"""seqrec SASRec against RecBole 1.2.1 SASRec on ml-100k, side by side, in one run.
+
+Same data (the RecBole atomic ml-100k files), same protocol (leave-one-out in time
+order, full ranking, valid NDCG@10 for model choice, test read once), same
+hyper-parameters (2 layers, 2 heads, d=64, inner 256, dropout 0.2/0.2, post-LN, GELU,
+lr 1e-3, batch 256, max length 50, CE loss, patience 10, 2 threads). Each library runs
+in its own fresh process, one after the other; the script records wall time, CPU time
+(user + sys, less sensitive to other load on a shared machine) and peak RSS of each,
+and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
+
+    bash benchmarks/setup_recbole.sh
+    python benchmarks/speed_vs_recbole.py            # writes benchmarks/results/speed_vs_recbole.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
+
+RECBOLE_PY = ROOT / "benchmarks" / ".venv-recbole" / "bin" / "python"
+HP = {"n_layers": 2, "n_heads": 2, "d": 64, "d_ff": 256, "dropout": 0.2, "attn_dropout": 0.2, "lr": 1e-3,
+      "batch_size": 256, "max_len": 50, "patience": 10, "epochs": 200, "seed": 2020, "threads": 2}
+
+
+def timed(cmd: list[str], log: Path) -> dict[str, float]:
+    """Run `cmd` to completion; wall seconds, CPU seconds and peak RSS of that child."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": after.ru_maxrss / 1024}
+
+
+def run_recbole(out: Path) -> dict[str, Any]:
+    cmd = [str(RECBOLE_PY), "benchmarks/recbole_run.py", "--out", str(out), "--model", "SASRec",
+           "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--n-layers", str(HP["n_layers"]),
+           "--n-heads", str(HP["n_heads"]), "--hidden-size", str(HP["d"]), "--inner-size", str(HP["d_ff"]),
+           "--hidden-dropout-prob", str(HP["dropout"]), "--attn-dropout-prob", str(HP["attn_dropout"]),
+           "--lr", str(HP["lr"]), "--train-batch-size", str(HP["batch_size"]), "--epochs", str(HP["epochs"]),
+           "--stopping-step", str(HP["patience"]), "--seed", str(HP["seed"]), "--max-len", str(HP["max_len"]),
+           "--threads", str(HP["threads"])]
+    proc = timed(cmd, out.with_suffix(".log"))
+    return {"process": proc, "result": json.loads(out.read_text())}
+
+
+def run_seqrec(run_dir: Path, bf16: bool) -> dict[str, Any]:
+    from seqrec.data.catalog import load_known
+    from seqrec.data.prepare import PrepareOptions, prepare
+
+    data_dir = WORK / "prepared" / "ml-100k-recbole-files"
+    prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
+    sets = [f'data.dataset="{data_dir}"', f"data.max_len={HP['max_len']}", "model.name=\"sasrec\"",
+            f"model.d={HP['d']}", f"model.n_layers={HP['n_layers']}", f"model.n_heads={HP['n_heads']}",
+            f"model.d_ff={HP['d_ff']}", f"model.dropout={HP['dropout']}", f"model.attn_dropout={HP['attn_dropout']}",
+            "model.norm_first=false", f"train.lr={HP['lr']}", f"train.batch_size={HP['batch_size']}",
+            f"train.epochs={HP['epochs']}", f"train.patience={HP['patience']}", f"train.seed={HP['seed']}",
+            f"train.threads={HP['threads']}", "train.progress=false", f"train.bf16={'true' if bf16 else 'false'}"]
+    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = timed(cmd, run_dir.with_suffix(".log"))
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"process": proc, "result": json.loads((run_dir / "results.json").read_text()), "epochs": epochs}
+
+
+def time_to_reach(epochs: list[dict[str, Any]], target: float) -> float | None:
+    for row in epochs:
+        if row.get("valid", {}).get("ndcg@10", -1.0) >= target:
+            return float(row["elapsed_s"])
+    return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--skip-bf16", action="store_true")
+    args = p.parse_args()
+    out_dir = WORK / "speed"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rb = run_recbole(out_dir / "recbole-sasrec.json")
+    rb_epochs = rb["result"]["epochs"]
+    rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
+    rb_best_at = min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best)
+    rows: dict[str, Any] = {"recbole": {**rb["process"], "best_valid_ndcg@10": rb_best,
+                                        "time_to_best_s": rb_best_at, "epochs_run": len(rb_epochs),
+                                        "test": rb["result"].get("test")}}
+    for name, bf16 in [("seqrec", False)] + ([] if args.skip_bf16 else [("seqrec-bf16", True)]):
+        sq = run_seqrec(out_dir / name, bf16)
+        reach = time_to_reach(sq["epochs"], rb_best)
+        rows[name] = {**sq["process"], "best_valid_ndcg@10": sq["result"]["valid"]["ndcg@10"],
+                      "epochs_run": sq["result"]["epochs_run"], "test": sq["result"]["test"],
+                      "time_to_reach_recbole_best_s": reach,
+                      "ratio_vs_recbole_total_wall": None if reach is None else reach / rb["process"]["wall_s"],
+                      "ratio_vs_recbole_time_to_best": None if reach is None else reach / rb_best_at}
+    result = {"hyperparameters": HP, "protocol": rb["result"].get("protocol"), "runs": rows, "machine": machine(),
+              "note": "elapsed times include per-epoch validation for both libraries"}
+    write_result(RESULTS / "speed_vs_recbole.json", result)
+    print(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
