@@ -67,11 +67,13 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
              f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads "
              f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). Script: `benchmarks/eval_cost.py`; "
              "file: `results/eval_cost.json`.", "",
-             "| score budget | users per chunk | median wall s | users / s | median peak RSS MB | RSS before ranking MB |",
+             "| score budget | users per chunk | median wall s | users / s | median peak RSS MB "
+             "| RSS before ranking MB |",
              "|---|---|---|---|---|---|"]
     for r in d["runs"]:
         lines.append(f"| {r['budget_mb']:.0f} MB | {r['user_chunk']} | {r['median_seconds']:.1f} | "
-                     f"{r['users_per_second']:.0f} | {r['median_peak_rss_mb']:.0f} | {r['rss_before_ranking_mb']:.0f} |")
+                     f"{r['users_per_second']:.0f} | {r['median_peak_rss_mb']:.0f} | "
+                     f"{r['rss_before_ranking_mb']:.0f} |")
     return lines
 
 

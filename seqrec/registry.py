@@ -6,10 +6,16 @@ from typing import Any
 
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
+from seqrec.models.bert4rec import BERT4Rec, BERT4RecConfig
+from seqrec.models.gru4rec import GRU4Rec, GRU4RecConfig
+from seqrec.models.item2vec import Item2Vec, Item2VecConfig
 from seqrec.models.sasrec import SASRec, SASRecConfig
 
 MODELS: dict[str, tuple[type, type[SequentialModel]]] = {
     "sasrec": (SASRecConfig, SASRec),
+    "item2vec": (Item2VecConfig, Item2Vec),
+    "gru4rec": (GRU4RecConfig, GRU4Rec),
+    "bert4rec": (BERT4RecConfig, BERT4Rec),
 }
 
 

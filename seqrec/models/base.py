@@ -4,16 +4,33 @@
     item_embeddings()  -> (N+1, D) what states are scored against (row 0 = padding)
     item_bias()        -> (N+1,)   output bias added to scores, or None
     loss(batch)        -> scalar   the training objective
+    fit_data(data)     -> None     optional: read what training needs from the training split
+                                   (item counts, ...) before the first step; called by `fit`
 
 Ranking, evaluation, checkpoints and serving are written once against these.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 import torch
 from torch import nn
 
 from seqrec.data.batching import Batch
+from seqrec.data.dataset import PreparedDataset
+
+
+class EpochBatches(Protocol):
+    """What `fit` iterates over once per epoch (`TrainBatches` by default)."""
+
+    @property
+    def n_targets(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Batch]: ...
 
 
 class SequentialModel(nn.Module):
@@ -30,6 +47,15 @@ class SequentialModel(nn.Module):
 
     def loss(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError  # abstract: each model defines it
+
+    def fit_data(self, data: PreparedDataset) -> None:
+        """Hook run by `fit` before training; only the training split may be read.
+
+        Whatever it stores must live in persistent buffers, so checkpoints carry it."""
+
+    def train_batches(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int) -> EpochBatches | None:
+        """A model-specific feeder of training batches, or None for the default `TrainBatches`."""
+        return None
 
     @torch.no_grad()
     def score(self, batch: Batch) -> torch.Tensor:

@@ -4,9 +4,11 @@
     H   = CausalTransformer(dropout(x))      position l sees s_1..s_l only
     score(i | s_1..s_l) = H_l · E[i] + b_i   tied input/output embeddings, optional bias
 
-Trained on every position of a sequence in one pass, with full-softmax
-cross-entropy (chunked over items for large catalogues) or the original binary
-cross-entropy with sampled negatives.
+Trained on every position of a sequence in one pass, with any loss of
+`seqrec.nn.objective` (model.loss): full-softmax cross-entropy (chunked over
+items for large catalogues), sampled softmax (uniform or popularity negatives,
+optional logQ correction), the original binary cross-entropy with sampled
+negatives, or gSASRec's gBCE.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import torch
 from torch import nn
 
 from seqrec.data.batching import Batch
+from seqrec.data.counts import train_item_counts
+from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
-from seqrec.nn.losses import bce_negatives, full_ce, uniform_negatives
+from seqrec.nn.objective import Objective, check_loss_config
 from seqrec.nn.transformer import Encoder, attention_mask
 
 
@@ -38,8 +42,11 @@ class SASRecConfig:
     norm_first: bool = True  # pre-LN; False = the original post-LN
     positions: Literal["learned", "sinusoidal"] = "learned"
     output_bias: bool = False
-    loss: Literal["ce", "bce"] = "ce"
-    n_negatives: int = 1  # for loss = "bce"
+    loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
+    n_negatives: int = 1  # per positive (bce, gbce) or per batch (sampled_softmax)
+    negatives: Literal["uniform", "popularity"] = "uniform"
+    logq: bool = False  # logQ correction of sampled_softmax
+    gbce_t: float = 0.75  # gSASRec calibration
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -47,6 +54,7 @@ class SASRecConfig:
             raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
         if not 0 <= self.dropout < 1 or not 0 <= self.attn_dropout < 1:
             raise SeqrecError("model.dropout and model.attn_dropout must be in [0, 1)")
+        check_loss_config(self)
 
 
 class SASRec(SequentialModel):
@@ -62,6 +70,7 @@ class SASRec(SequentialModel):
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
+        self.objective = Objective(config, n_items)
         self.apply(self._init)
 
     def _init(self, module: nn.Module) -> None:
@@ -88,13 +97,11 @@ class SASRec(SequentialModel):
     def item_bias(self) -> torch.Tensor | None:
         return self.bias
 
+    def fit_data(self, data: PreparedDataset) -> None:
+        self.objective.set_counts(train_item_counts(data))
+
     def loss(self, batch: Batch) -> torch.Tensor:
         assert batch.targets is not None, "training batches carry targets"
         keep = batch.targets != 0
         h = self.hidden(batch.items)[keep]  # (M, D): only positions that have a target
-        target = batch.targets[keep]
-        W, b = self.item_embeddings(), self.item_bias()
-        if self.config.loss == "bce":
-            neg = uniform_negatives(target, self.n_items, self.config.n_negatives)
-            return bce_negatives(h, W, b, target, neg)
-        return full_ce(h, W, b, target)
+        return self.objective(h, self.item_embeddings(), self.item_bias(), batch.targets[keep])

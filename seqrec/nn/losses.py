@@ -91,3 +91,66 @@ def bce_negatives(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, targ
     neg_loss = F.binary_cross_entropy_with_logits(neg.float(), torch.zeros_like(neg, dtype=torch.float32),
                                                   reduction="none").sum(-1).mean()
     return pos_loss + neg_loss
+
+
+def remove_accidental_hits(logits: torch.Tensor, negatives: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Set to -inf the (M, k) logits of negatives that equal the row's positive.
+
+    negatives is (k,) shared by every row or (M, k) per row.
+    """
+    hits = (negatives[None, :] if negatives.dim() == 1 else negatives) == target[:, None]
+    return logits.masked_fill(hits, -torch.inf)
+
+
+def negative_logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,
+                    negatives: torch.Tensor) -> torch.Tensor:
+    """(M, k) logits of negatives: (k,) shared by every row (one matmul) or (M, k) per row."""
+    if negatives.dim() == 1:
+        out = h @ W[negatives].T
+        return out if b is None else out + b[negatives]
+    out = torch.einsum("md,mkd->mk", h, W[negatives])
+    return out if b is None else out + b[negatives]
+
+
+def sampled_softmax(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+                    negatives: torch.Tensor, log_q_target: torch.Tensor | None = None,
+                    log_q_negatives: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax cross-entropy of the positive against k sampled negatives (Jean et al., 2015).
+
+    With logQ correction (Bengio & Senecal 2008; Yi et al., RecSys 2019) every candidate's
+    logit becomes `s_i - log Q(i)`, Q the sampling distribution, so that the sampled
+    softmax estimates the full one; with uniform negatives the shift is a constant and
+    changes nothing. Negatives equal to the positive are removed (logit -inf).
+    """
+    pos = (h * W[target]).sum(-1) + (0 if b is None else b[target])  # (M,)
+    neg = negative_logits(h, W, b, negatives)  # (M, k)
+    if log_q_target is not None and log_q_negatives is not None:
+        pos = pos - log_q_target
+        neg = neg - (log_q_negatives[None, :] if log_q_negatives.dim() == 1 else log_q_negatives)
+    neg = remove_accidental_hits(neg.float(), negatives, target)
+    logits = torch.cat([pos.float()[:, None], neg], dim=1)  # (M, 1 + k): the positive is column 0
+    return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+
+
+def gbce_beta(n_negatives: int, n_items: int, t: float) -> float:
+    """gSASRec's positive exponent: alpha = k / (N - 1), beta = alpha (t (1 - 1/alpha) + 1/alpha)."""
+    alpha = n_negatives / max(1, n_items - 1)
+    return alpha * (t * (1 - 1 / alpha) + 1 / alpha)
+
+
+def gbce(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+         negatives: torch.Tensor, t: float) -> torch.Tensor:
+    """Generalised BCE of gSASRec (Petrov & Macdonald, RecSys 2023).
+
+        L = -log sigma(s+)^beta - sum_j log(1 - sigma(s-_j)),   beta from `gbce_beta`
+
+    beta < 1 counters the overconfidence that k sampled negatives out of N induce;
+    t = 0 gives beta = 1, plain BCE; t = 1 gives beta = alpha. Same normalisation as
+    `bce_negatives` (mean over positives of the positive term plus the summed negatives).
+    """
+    beta = gbce_beta(negatives.shape[-1], W.shape[0] - 1, t)
+    pos = (h * W[target]).sum(-1) + (0 if b is None else b[target])
+    neg = negative_logits(h, W, b, negatives).float()
+    hits = (negatives[None, :] if negatives.dim() == 1 else negatives) == target[:, None]
+    neg_loss = F.softplus(neg).masked_fill(hits, 0.0).sum(-1)  # -log(1 - sigma(s)) = softplus(s)
+    return (beta * F.softplus(-pos.float()) + neg_loss).mean()  # -log sigma(s) = softplus(-s)
