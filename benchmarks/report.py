@@ -91,7 +91,7 @@ def main() -> None:
     for name, render in SECTIONS:
         data = load(name)
         if data is not None:
-            lines += render(data) + [""]
+            lines += [*render(data), ""]
     OUT.write_text("\n".join(lines))
     print(f"wrote {OUT}")
 
