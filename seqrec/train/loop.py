@@ -29,9 +29,10 @@ from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import write_json_atomic
 from seqrec.eval.evaluate import evaluate, protocol
-from seqrec.models.base import SequentialModel
-from seqrec.registry import build_model
+from seqrec.models.base import EpochBatches, SequentialModel
+from seqrec.registry import build_model_for
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
+from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,10 @@ class EpochStats:
     targets_per_s: float
 
 
-def train_epoch(model: SequentialModel, batches: TrainBatches, opt: torch.optim.Optimizer,
+def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.Optimizer,
                 cfg: RunConfig, device: torch.device, epoch: int) -> EpochStats:
     model.train()
-    total, n, t0 = 0.0, 0, time.perf_counter()
+    total, n, seen, t0 = 0.0, 0, 0, time.perf_counter()
     bar = tqdm(batches, desc=f"epoch {epoch}", disable=not cfg.train.progress, leave=False)
     for batch in bar:
         batch = batch.to(device)
@@ -79,7 +80,9 @@ def train_epoch(model: SequentialModel, batches: TrainBatches, opt: torch.optim.
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
         opt.step()
         total, n = total + loss.item(), n + 1
-        bar.set_postfix(loss=f"{total / n:.4f}")
+        if batch.targets is not None:
+            seen += int((batch.targets != 0).sum())
+        bar.set_postfix(loss=f"{total / n:.4f}", targets_per_s=f"{seen / (time.perf_counter() - t0):.0f}")
     seconds = time.perf_counter() - t0
     return EpochStats(total / max(1, n), seconds, batches.n_targets / max(seconds, 1e-9))
 
@@ -89,8 +92,10 @@ def selection_metric(ks: list[int]) -> str:
 
 
 def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
-        model: SequentialModel | None = None) -> dict[str, Any]:
-    """Train with early stopping on validation, test the best checkpoint once."""
+        model: SequentialModel | None = None, init_items_from: Path | None = None) -> dict[str, Any]:
+    """Train with early stopping on validation, test the best checkpoint once.
+
+    `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
     if cfg.train.threads > 0:
@@ -98,9 +103,13 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     seed_everything(cfg.train.seed)
     device = pick_device(cfg.train.device)
     L = cfg.data.max_len
-    model = (model or build_model(cfg.model, data.n_items, L)).to(device)
+    model = (model or build_model_for(cfg.model, data, L)).to(device)
+    model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
+    if init_items_from is not None:
+        init_item_embeddings(model, init_items_from, data)
     opt = make_optimizer(model, cfg)
-    batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed)
+    batches = (model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)
+               or TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed))
     metric = selection_metric(cfg.eval.ks)
     best, best_epoch, bad, start = -1.0, 0, 0, time.perf_counter()
     ckpt = run_dir / "checkpoint"
@@ -135,6 +144,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     train_seconds = time.perf_counter() - start
     best_model, _ = load_checkpoint(ckpt, device)
     results = final_results(best_model, data, cfg, device, best_epoch, history, train_seconds)
+    if init_items_from is not None:
+        results["init_items_from"] = str(init_items_from)
     write_json_atomic(run_dir / "results.json", results)
     learning_curve(history, metric, run_dir / "curve.png")
     return results
