@@ -49,3 +49,14 @@ def test_uniform_negatives_never_the_positive_and_cover_the_rest() -> None:
     neg = uniform_negatives(target, n_items=5, k=4, generator=g)
     assert (neg != 3).all() and neg.min() >= 1 and neg.max() <= 5
     assert set(neg.unique().tolist()) == {1, 2, 4, 5}
+
+
+def test_chunked_ce_keeps_fp32_log_sum_exp_under_bf16_autocast() -> None:
+    torch.manual_seed(0)
+    h, W = torch.randn(64, 16), torch.randn(2001, 16)
+    b, target = torch.zeros(2001), torch.randint(1, 2001, (64,))
+    ref = F.cross_entropy(h @ W[1:].T, target - 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ChunkedSoftmaxCE.apply(h, W, b, target, 500)
+    assert out.dtype == torch.float32
+    assert abs(out.item() - ref.item()) < 0.05 * ref.item()

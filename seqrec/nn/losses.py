@@ -34,7 +34,8 @@ class ChunkedSoftmaxCE(torch.autograd.Function):
                 chunk: int) -> torch.Tensor:
         h32, lse = h.float(), torch.full((h.shape[0],), -torch.inf, device=h.device)
         for lo in range(1, W.shape[0], chunk):
-            logits = _logits(h32, W[lo : lo + chunk].float(), b[lo : lo + chunk].float())
+            # under autocast the matmul may run in bf16; the log-sum-exp always runs in fp32
+            logits = _logits(h32, W[lo : lo + chunk].float(), b[lo : lo + chunk].float()).float()
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
         pos = (h32 * W[target].float()).sum(-1) + b[target].float()
         ctx.save_for_backward(h, W, b, target, lse)
