@@ -55,7 +55,10 @@ def peak_rss_mb() -> float:
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
     kind = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
-    return kind(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # The fused kernel is several times faster than the per-tensor loop, on CPU as on CUDA.
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return kind(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=fused)
 
 
 @dataclass
