@@ -48,6 +48,7 @@ class SASRecConfig:
     logq: bool = False  # logQ correction of sampled_softmax
     gbce_t: float = 0.75  # gSASRec calibration
     init_std: float = 0.02
+    emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
 
     def __post_init__(self) -> None:
         if self.d % self.n_heads:
@@ -83,7 +84,7 @@ class SASRec(SequentialModel):
 
     def hidden(self, items: torch.Tensor) -> torch.Tensor:
         """(B, L) left-padded items -> (B, L, D) states; state l has seen items[:, :l+1]."""
-        x = self.item_emb(items) * math.sqrt(self.config.d)
+        x = self.item_emb(items) * (math.sqrt(self.config.d) if self.config.emb_scale else 1.0)
         x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
         x = self.emb_drop(x) * (items != 0).unsqueeze(-1)
         return self.encoder(x, attention_mask(items, causal=True))
