@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seqrec.cli_unisrec import add_commands as add_unisrec_commands
 from seqrec.errors import SeqrecError
 
 if TYPE_CHECKING:
@@ -127,7 +128,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{stamp}"
-    results = fit(cfg, data, run_dir)
+    init = Path(args.init_items_from) if args.init_items_from else None
+    results = fit(cfg, data, run_dir, init_items_from=init)
     print(f"run: {run_dir}  (best epoch {results['checkpoint']['epoch']}, {results['train_seconds']:.0f}s)")
     print_metrics(results)
     return 0
@@ -183,6 +185,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
     rec = Recommender.from_run(args.run)
+    if args.new_item:
+        rec.add_items(dict(item.split("=", 1) for item in args.new_item))
     if (args.history is None) == (args.user is None):
         raise SeqrecError("give exactly one of --history or --user")
     if args.user is not None:
@@ -195,7 +199,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"top {args.k}{' (seen items excluded)' if args.exclude_seen else ''}:")
     else:
         history = args.history.replace(",", " ").split()
-    for rank, r in enumerate(rec.recommend(history, args.k, exclude_seen=args.exclude_seen), start=1):
+    candidates = args.candidates.replace(",", " ").split() if args.candidates else None
+    recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates)
+    for rank, r in enumerate(recs, start=1):
         title = f"  {r.title}" if r.title else ""
         print(f"{rank:>5}  {r.item:<12} {r.score:>9.4f}{title}")
     return 0
@@ -232,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="TOML file with [data] [model] [train] [eval]")
     t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     t.add_argument("--out", help="run folder (default runs/DATASET-MODEL-TIME)")
+    t.add_argument("--init-items-from", metavar="RUN",
+                   help="initialise the item table from RUN's item vectors (e.g. an item2vec run)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("evaluate", help="re-evaluate a saved run")
     e.add_argument("run")
@@ -244,7 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--user", help="a raw user id of the run's dataset: use that user's whole history")
     r.add_argument("-k", type=int, default=10)
     r.add_argument("--exclude-seen", action="store_true")
+    r.add_argument("--new-item", action="append", metavar="ID=TEXT",
+                   help="an item unseen in training, known by its text (text models such as unisrec)")
+    r.add_argument("--candidates", help="rank only these raw item ids")
     r.set_defaults(fn=cmd_recommend)
+    add_unisrec_commands(sub)
     return p
 
 

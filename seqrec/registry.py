@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.models.bert4rec import BERT4Rec, BERT4RecConfig
 from seqrec.models.gru4rec import GRU4Rec, GRU4RecConfig
 from seqrec.models.item2vec import Item2Vec, Item2VecConfig
 from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.models.unisrec import UniSRec, UniSRecConfig
 
 MODELS: dict[str, tuple[type, type[SequentialModel]]] = {
     "sasrec": (SASRecConfig, SASRec),
     "item2vec": (Item2VecConfig, Item2Vec),
     "gru4rec": (GRU4RecConfig, GRU4Rec),
     "bert4rec": (BERT4RecConfig, BERT4Rec),
+    "unisrec": (UniSRecConfig, UniSRec),
 }
 
 
@@ -28,3 +31,13 @@ def model_config_class(name: str) -> type:
 def build_model(config: Any, n_items: int, max_len: int) -> SequentialModel:
     _, cls = MODELS[config.name]
     return cls(config, n_items, max_len)
+
+
+def build_model_for(config: Any, data: PreparedDataset, max_len: int) -> SequentialModel:
+    """A fresh model for `data`: models that need more than the item count (UniSRec's item text
+    vectors) define `from_dataset`; the others are built from the count alone."""
+    _, cls = MODELS[config.name]
+    from_dataset = getattr(cls, "from_dataset", None)
+    if from_dataset is not None:
+        return from_dataset(config, data, max_len)
+    return cls(config, data.n_items, max_len)

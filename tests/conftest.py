@@ -7,12 +7,17 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.prepare import PrepareOptions, prepare
 from seqrec.data.types import Interactions, ItemTable, RawDataset
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# Tiny tensors gain nothing from intra-op threads, and on a shared machine they lose a lot to
+# oversubscription (a 40x slowdown measured on a loaded 2-core box).
+torch.set_num_threads(1)
 
 
 def synthetic_log(n_users: int = 60, n_items: int = 30, seed: int = 0) -> RawDataset:

@@ -1,10 +1,21 @@
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from seqrec.nn.losses import ChunkedSoftmaxCE, bce_negatives, full_ce, uniform_negatives
+from seqrec.nn.losses import (
+    ChunkedSoftmaxCE,
+    bce_negatives,
+    full_ce,
+    gbce,
+    gbce_beta,
+    sampled_softmax,
+    uniform_negatives,
+)
+from seqrec.nn.objective import Objective
 
 
 def test_full_ce_hand_computed() -> None:
@@ -60,3 +71,75 @@ def test_chunked_ce_keeps_fp32_log_sum_exp_under_bf16_autocast() -> None:
         out = ChunkedSoftmaxCE.apply(h, W, b, target, 500)
     assert out.dtype == torch.float32
     assert abs(out.item() - ref.item()) < 0.05 * ref.item()
+
+
+def _sig(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sampled_softmax_hand_computed_with_and_without_logq() -> None:
+    # logits: positive e1 -> 1, negatives e2 -> 0, e3 -> 2 (shared by the row)
+    h = torch.tensor([[1.0, 0.0]])
+    W = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [2.0, 0.0]])
+    neg = torch.tensor([2, 3])
+    plain = sampled_softmax(h, W, None, torch.tensor([1]), neg)
+    assert plain.item() == pytest.approx(-math.log(math.e / (math.e + 1 + math.e**2)), rel=1e-6)
+    # logQ: Q = (pad 0, 0.5, 0.25, 0.25) -> logits 1 - log .5, 0 - log .25, 2 - log .25
+    log_q = torch.log(torch.tensor([1e-9, 0.5, 0.25, 0.25]))
+    corrected = sampled_softmax(h, W, None, torch.tensor([1]), neg, log_q[torch.tensor([1])], log_q[neg])
+    z = [1 - math.log(0.5), -math.log(0.25), 2 - math.log(0.25)]
+    expected = -z[0] + math.log(sum(math.exp(v) for v in z))
+    assert corrected.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_sampled_softmax_removes_accidental_hits_and_takes_per_row_negatives() -> None:
+    h = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    W = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [2.0, 0.0]])
+    # row 0's positive is 1, row 1's is 2; shared negatives [1, 2] hit each row's own positive
+    shared = sampled_softmax(h, W, None, torch.tensor([1, 2]), torch.tensor([1, 2]))
+    # row 0: candidates pos 1 (logit 1), neg 2 (logit 0); row 1: pos 2 (logit 1), neg 1 (logit 0)
+    assert shared.item() == pytest.approx(-math.log(math.e / (math.e + 1)), rel=1e-6)
+    per_row = sampled_softmax(h, W, None, torch.tensor([1, 2]), torch.tensor([[3], [3]]))
+    row0 = -math.log(math.e / (math.e + math.e**2))  # neg 3 -> 2
+    row1 = -math.log(math.e / (math.e + 1))  # neg 3 -> 0
+    assert per_row.item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+
+
+def test_gbce_hand_computed() -> None:
+    # N = 5 items, k = 2 negatives: alpha = 2 / 4 = 0.5; t = 0.5 -> beta = 0.5 (0.5 (1 - 2) + 2) = 0.75
+    assert gbce_beta(2, 5, 0.5) == pytest.approx(0.75)
+    assert gbce_beta(2, 5, 0.0) == pytest.approx(1.0)  # t = 0: plain BCE
+    assert gbce_beta(2, 5, 1.0) == pytest.approx(0.5)  # t = 1: beta = alpha
+    h = torch.tensor([[1.0, 0.0]])
+    W = torch.tensor([[0.0, 0.0], [2.0, 0.0], [-1.0, 0.0], [0.5, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    loss = gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.5)
+    expected = -0.75 * math.log(_sig(2.0)) - math.log(1 - _sig(-1.0)) - math.log(1 - _sig(0.5))
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # t = 0 is the BCE of `bce_negatives`
+    torch.testing.assert_close(gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.0),
+                               bce_negatives(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]])))
+
+
+@pytest.mark.parametrize("loss", ["sampled_softmax", "bce", "gbce"])
+@pytest.mark.parametrize("negatives", ["uniform", "popularity"])
+def test_objective_negatives_never_count_the_positive(loss: str, negatives: str) -> None:
+    """With every weight equal, a negative equal to the positive would change the loss value."""
+    cfg = SimpleNamespace(loss=loss, n_negatives=50, negatives=negatives, logq=False, gbce_t=0.0)
+    objective = Objective(cfg, n_items=3)
+    objective.set_counts(np.array([0, 100, 1, 1]))  # item 1 is drawn almost always
+    h, W = torch.zeros(64, 2), torch.zeros(4, 2)  # every logit 0
+    target = torch.ones(64, dtype=torch.long)
+    value = objective(h, W, None, target).item()
+    if loss == "sampled_softmax":  # only draws of items 2 and 3 count; each adds exp(0) to the sum
+        assert value < math.log(51)
+    else:  # exactly k non-positive negatives per row: log 2 for the positive and each negative
+        assert value == pytest.approx((1 + 50) * math.log(2), rel=1e-5)
+
+
+def test_popularity_sampler_follows_training_counts() -> None:
+    cfg = SimpleNamespace(loss="sampled_softmax", n_negatives=1, negatives="popularity", logq=True, gbce_t=0.0)
+    objective = Objective(cfg, n_items=3)
+    objective.set_counts(np.array([0, 7, 1, 0]))  # add-one smoothing: q = (8, 2, 1) / 11
+    torch.testing.assert_close(objective.log_q()[1:].exp(), torch.tensor([8.0, 2.0, 1.0]) / 11)
+    draws = objective.sample((20000,), torch.device("cpu"))
+    assert draws.min() >= 1 and abs((draws == 1).float().mean().item() - 8 / 11) < 0.02

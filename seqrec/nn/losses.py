@@ -9,6 +9,12 @@ Logits are `h W^T + b` over items 1..N (padding never competes).
   recomputes each chunk, so memory is O(M x chunk) instead of O(M x N).
 - `bce_negatives`: the original SASRec objective, binary cross-entropy of the
   positive against k uniformly sampled negatives (never the positive).
+- `sampled_softmax`: softmax over the positive and k sampled negatives (shared by
+  the batch, (k,), or per row, (M, k)), with optional logQ correction; negatives
+  equal to the positive are removed ("accidental hits").
+- `gbce`: gSASRec's generalised BCE, the positive's probability raised to beta.
+
+Which one a model uses, and how its negatives are drawn, is `seqrec.nn.objective`.
 """
 
 from __future__ import annotations

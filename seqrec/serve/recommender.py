@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,26 @@ class Recommender:
         model, meta = load_checkpoint(ckpt, device)
         return cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]))
 
+    def add_items(self, texts: Mapping[str, str]) -> None:
+        """Make new items (raw id -> text) recommendable and usable in histories, from their text alone.
+
+        Needs a text model (UniSRec): the text is encoded with the checkpoint's own encoder settings."""
+        add = getattr(self.model, "add_items", None)
+        if add is None:
+            raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
+        clash = [r for r in texts if r in self.index]
+        if clash:
+            raise SeqrecError(f"item id(s) already in the catalogue: {clash[:5]}")
+        from seqrec.data.text import encode_texts
+
+        vectors = encode_texts(list(texts.values()), self.model.config.text_options())  # type: ignore[union-attr,operator]
+        new = add(vectors.to(self.model.item_embeddings().device))
+        for raw, idx, text in zip(texts, new, texts.values(), strict=True):
+            self.raw_ids.append(raw)
+            self.index[raw] = idx
+            if self.titles is not None:
+                self.titles.append(text)
+
     @property
     def n_items(self) -> int:
         return len(self.raw_ids)
@@ -53,8 +73,9 @@ class Recommender:
         return [self.index[h] for h in history]
 
     @torch.no_grad()
-    def recommend(self, history: Sequence[str], k: int = 10, exclude_seen: bool = False) -> list[Recommendation]:
-        """Top-k raw item ids (most recent history item last), best first."""
+    def recommend(self, history: Sequence[str], k: int = 10, exclude_seen: bool = False,
+                  candidates: Sequence[str] | None = None) -> list[Recommendation]:
+        """Top-k raw item ids (most recent history item last), best first; only `candidates` when given."""
         if not 1 <= k <= self.n_items:
             raise SeqrecError(f"k={k} must be between 1 and the catalogue size {self.n_items}")
         if not history:
@@ -63,6 +84,10 @@ class Recommender:
         device = self.model.item_embeddings().device
         scores = self.model.score(history_batch([idx], self.max_len).to(device))[0].float()
         scores[0] = -torch.inf
+        if candidates is not None:
+            allowed = torch.zeros_like(scores, dtype=torch.bool)
+            allowed[torch.tensor(self.to_indices(candidates), dtype=torch.long, device=device)] = True
+            scores[~allowed] = -torch.inf
         if exclude_seen:
             scores[torch.tensor(idx, device=device)] = -torch.inf
         k = min(k, int(torch.isfinite(scores).sum()))

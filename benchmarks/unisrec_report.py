@@ -1,0 +1,163 @@
+"""Collect the UniSRec runs of benchmarks/unisrec_runs.sh into benchmarks/results/unisrec.json.
+
+Every number is read from a run folder (results.json, metrics.jsonl) or recomputed
+from its checkpoint (cold / warm breakdown); nothing is typed by hand except the
+published reference numbers (UniSRec, KDD 2022, Table 2, Scientific).
+
+    python benchmarks/unisrec_report.py --make-cold-split   # the cold-item split (before its runs)
+    python benchmarks/unisrec_report.py                     # collect and print
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import RESULTS, WORK, machine, prepared, write_result
+
+from seqrec.config import EvalConfig
+from seqrec.data.dataset import PreparedDataset
+from seqrec.eval.cold import cold_item_split, evaluate_cold_warm
+from seqrec.train.checkpoint import load_checkpoint
+
+PUBLISHED = {  # R@10, N@10, R@50, N@50 on Scientific (../shared/data/README.md)
+    "sasrec": {"recall@10": 0.1080, "ndcg@10": 0.0553, "recall@50": 0.2042, "ndcg@50": 0.0760},
+    "unisrec-inductive": {"recall@10": 0.1188, "ndcg@10": 0.0641, "recall@50": 0.2394, "ndcg@50": 0.0903},
+    "unisrec-transductive": {"recall@10": 0.1235, "ndcg@10": 0.0634, "recall@50": 0.2473, "ndcg@50": 0.0904},
+}
+RUNS = WORK / "runs"
+SCI = "amazon-scientific-unisrec"
+COLD = "amazon-scientific-unisrec-cold20"
+STAGE = "bash benchmarks/unisrec_runs.sh"
+QUALITY = {  # run folder -> (command, published row to compare with)
+    "unisrec-scratch-text": (f"{STAGE} scratch", "unisrec-inductive"),
+    "unisrec-scratch-text-id": (f"{STAGE} scratch-transductive", "unisrec-transductive"),
+    "unisrec-ft-in-batch-inductive": (f"{STAGE} finetune in-batch inductive", "unisrec-inductive"),
+    "unisrec-ft-in-batch-transductive": (f"{STAGE} finetune in-batch transductive", "unisrec-transductive"),
+    "unisrec-ft-moco-inductive": (f"{STAGE} finetune moco inductive", "unisrec-inductive"),
+    "unisrec-ft-moco-transductive": (f"{STAGE} finetune moco transductive", "unisrec-transductive"),
+    "unisrec-ft-in-batch-inductive-unfrozen": (
+        "seqrec finetune benchmarks/work/prepared/amazon-scientific-unisrec --from "
+        "benchmarks/work/runs/unisrec-pretrain-in-batch --setting inductive --config "
+        "benchmarks/configs/unisrec-amazon-scientific-unisrec.toml --set model.freeze_encoder=false "
+        "--set train.progress=false --set train.time_budget_s=480", "unisrec-inductive"),
+    "sasrec-amazon-scientific-unisrec-d05": ("python benchmarks/sasrec_quality.py amazon-scientific-unisrec "
+                                             "--tag -d05 (config dropout 0.5; run earlier by the SASRec issue)",
+                                             "sasrec"),
+}
+COLD_RUNS = {  # run folder -> command
+    "sasrec-cold20": f"{STAGE} cold-sasrec",
+    "unisrec-cold20-ft-in-batch-inductive": f"{STAGE} cold-unisrec",
+    "unisrec-cold20-scratch-text": "seqrec train --dataset benchmarks/work/prepared/amazon-scientific-unisrec-cold20 "
+                                   "--config benchmarks/configs/unisrec-amazon-scientific-unisrec.toml "
+                                   "--set train.progress=false --set train.time_budget_s=480",
+}
+PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
+MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")
+KEYS = ("recall@10", "ndcg@10", "recall@50", "ndcg@50")
+
+
+def make_cold_split() -> None:
+    data = prepared(SCI)
+    dest = WORK / "prepared" / COLD
+    cold = cold_item_split(data, 0.2, seed=0, dest=dest)
+    if (data.path / "text_cache").is_dir():  # same item table -> same cache keys
+        shutil.copytree(data.path / "text_cache", dest / "text_cache", dirs_exist_ok=True)
+    logging.info("cold split: %s", cold.stats())
+
+
+def quality() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for run, (command, published) in QUALITY.items():
+        path = RUNS / run / "results.json"
+        if not path.is_file():
+            continue
+        r = json.loads(path.read_text())
+        out[run] = {"command": command, "test": {k: r["test"][k] for k in KEYS},
+                    "valid_ndcg@10": r["valid"]["ndcg@10"], "best_epoch": r["checkpoint"]["epoch"],
+                    "epochs_run": r["epochs_run"], "train_seconds": r["train_seconds"],
+                    "published": {"row": published, **PUBLISHED[published]}, "protocol": r["protocol"],
+                    "valid_curve": curve(RUNS / run)}
+    return out
+
+
+def curve(run: Path) -> list[list[float]]:
+    """[epoch, validation NDCG@10, elapsed seconds] per epoch: runs compared at equal epochs or time."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    return [[r["epoch"], round(r["valid"]["ndcg@10"], 5), round(r["elapsed_s"], 1)] for r in rows if "valid" in r]
+
+
+def cold_results() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cold_path = WORK / "prepared" / COLD
+    if not (cold_path / "meta.json").is_file():
+        return out
+    data = PreparedDataset.load(cold_path)
+    out["split"] = {**data.stats(), "options": data.meta["options"]}
+    for run in COLD_RUNS:
+        if not (RUNS / run / "results.json").is_file():
+            continue
+        cfg = json.loads((RUNS / run / "config.json").read_text())
+        model, _ = load_checkpoint(RUNS / run / "checkpoint")
+        ev = EvalConfig(ks=[10, 50])
+        out[run] = {"command": COLD_RUNS[run],
+                    **evaluate_cold_warm(model, data, "test", cfg["data"]["max_len"], ev, torch.device("cpu"))}
+    return out
+
+
+def pretraining() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for run in (*PRETRAIN, *MEMORY):
+        path = RUNS / run / "results.json"
+        if path.is_file():
+            r = json.loads(path.read_text())
+            cfg = json.loads((RUNS / run / "config.json").read_text())["pretrain"]
+            out[run] = {k: r[k] for k in ("negatives", "steps", "epochs_run", "train_seconds", "sequences_per_s",
+                                          "targets_per_s", "final_loss", "peak_rss_mb", "domains")}
+            out[run].update(batch_size=cfg["batch_size"], queue_size=cfg["queue_size"], positions=cfg["positions"],
+                            command=f"{STAGE} memory" if run in MEMORY else f"{STAGE} pretrain {r['negatives']}")
+    return out
+
+
+def text_encoding() -> dict[str, Any]:
+    out = {}
+    for name in (SCI, "yelp-p5", "ml-100k"):
+        for meta_path in sorted((WORK / "prepared" / name / "text_cache").glob("*.json")):
+            m = json.loads(meta_path.read_text())
+            out[f"{name}/{meta_path.stem}"] = {
+                "encoder": "/".join(Path(m["encoder"]).parts[-2:]), "revision": m["revision"],
+                "pooling": m["pooling"], "max_length": m["max_length"],
+                "items": m["n_items"], "views": 2 if m["word_drop"] else 1, "seconds": m["seconds"],
+                "texts_per_s": m["texts_per_s"], "note": "texts_per_s counts both views (original + word drop)"}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--make-cold-split", action="store_true")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(1)
+    if args.make_cold_split:
+        make_cold_split()
+        return
+    result = {"quality": quality(), "cold": cold_results(), "pretraining": pretraining(),
+              "text_encoding": text_encoding(), "machine": machine(),
+              "note": "shared 2-core CPU, one torch thread per run; d=64 (paper: 300); time budgets per run"}
+    write_result(RESULTS / "unisrec.json", result)
+    for run, r in result["quality"].items():
+        t, pub = r["test"], r["published"]
+        print(f"{run:<36} " + "  ".join(f"{k} {t[k]:.4f} ({pub[k]:.4f})" for k in KEYS))
+    for run, r in result["cold"].items():
+        if run != "split":
+            print(f"{run:<36} cold n={r['n_cold']} R@10 {r['cold'].get('recall@10', float('nan')):.4f}  "
+                  f"warm n={r['n_warm']} R@10 {r['warm']['recall@10']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a shared
+# 2-core CPU (one torch thread each). `python benchmarks/unisrec_report.py` collects them.
+#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
+#                                   | cold-unisrec | memory
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+P=benchmarks/work/prepared
+R=benchmarks/work/runs
+SCI=$P/amazon-scientific-unisrec
+CFG=benchmarks/configs/unisrec-amazon-scientific-unisrec.toml
+BUDGET=${BUDGET:-480}
+case "$1" in
+  scratch)  # text only, no pre-training
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --out $R/unisrec-scratch-text ;;
+  scratch-transductive)  # text + ID, no pre-training, same budget as the fine-tuning runs
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set model.item_ids=true \
+      --set train.time_budget_s=$BUDGET --out $R/unisrec-scratch-text-id ;;
+  pretrain)  # $2 = in-batch | moco; never on the Scientific domain or its LC-Rec build
+    .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives "$2" \
+      --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=20 \
+      --set pretrain.batch_size=64 --set pretrain.time_budget_s=$BUDGET --set pretrain.queue_size=4096 \
+      --set model.d=64 --set model.n_heads=2 --set model.d_ff=256 --set model.dropout=0.5 \
+      --set model.attn_dropout=0.5 --out $R/unisrec-pretrain-$2 ;;
+  finetune)  # $2 = in-batch | moco, $3 = inductive | transductive
+    .venv/bin/seqrec finetune $SCI --from $R/unisrec-pretrain-$2 --setting "$3" --config $CFG \
+      --set train.progress=false --set train.time_budget_s=$BUDGET --out $R/unisrec-ft-$2-$3 ;;
+  cold-split)  # a split whose test targets never occur before the test (20% of the test-target items)
+    (cd benchmarks && ../.venv/bin/python unisrec_report.py --make-cold-split) ;;
+  cold-sasrec)
+    .venv/bin/seqrec train --dataset $P/amazon-scientific-unisrec-cold20 \
+      --config benchmarks/configs/sasrec-amazon-scientific-unisrec.toml --set train.progress=false \
+      --set train.time_budget_s=$BUDGET --out $R/sasrec-cold20 ;;
+  cold-unisrec)
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/unisrec-pretrain-in-batch \
+      --setting inductive --config $CFG --set train.progress=false --set train.time_budget_s=$BUDGET \
+      --out $R/unisrec-cold20-ft-in-batch-inductive ;;
+  memory)  # peak memory of a few pre-training steps: MoCo (batch 256, 8192 queued) vs in-batch (batch 8192)
+    for spec in "moco 256 8192" "in-batch 256 8192" "in-batch 8192 8192"; do
+      set -- $spec
+      .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives $1 \
+        --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.max_steps=3 \
+        --set pretrain.positions=\"last\" --set pretrain.batch_size=$2 --set pretrain.queue_size=$3 \
+        --out $R/unisrec-memory-$1-b$2
+    done ;;
+  *) echo "unknown stage $1" >&2; exit 2 ;;
+esac

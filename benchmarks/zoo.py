@@ -1,0 +1,108 @@
+"""The ID model zoo under one trainer: item2vec, GRU4Rec, SASRec, BERT4Rec (UniSRec: its own script).
+
+Same protocol for every cell: leave-one-out, full ranking over all items, max
+length 50, model chosen on validation NDCG@10 (patience 5 epochs), test read once,
+already-seen items not filtered, one CPU thread. Each (dataset, model) cell runs in
+its own process so that its peak RSS is its own. Results are merged into
+benchmarks/results/zoo.json under "dataset/model[tag]"; a cell stopped by the time
+budget says so (`stopped_by_budget`).
+
+    python benchmarks/zoo.py ml-100k amazon-scientific-unisrec --models item2vec gru4rec sasrec bert4rec
+    python benchmarks/zoo.py amazon-beauty-p5 --models sasrec --budget 1800 --set train.batch_size=256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, WORK, machine, prepared, write_result
+
+from seqrec.config import load_toml, resolve
+from seqrec.train.loop import fit
+
+DATASETS = ["ml-100k", "amazon-beauty-p5", "amazon-sports-p5", "amazon-scientific-unisrec", "yelp-p5",
+            "diginetica-sample"]
+CONFIGS = Path(__file__).resolve().parent / "configs"
+COMMON = ["data.max_len=50", "train.epochs=200", "train.patience=5", "train.threads=1", "train.progress=false",
+          "eval.ks=[10, 50]"]
+MODELS: dict[str, list[str] | None] = {
+    "item2vec": ['model.name="item2vec"', "model.d=64", "model.window=5", "model.n_negatives=5",
+                 "model.subsample=1e-3", "model.recency=0.8", 'model.scoring="cosine"', "train.lr=0.005",
+                 "train.batch_size=128"],
+    "gru4rec": ['model.name="gru4rec"', "model.d=64", "model.dropout=0.2", 'model.loss="ce"', "train.lr=0.001",
+                "train.batch_size=128"],
+    "sasrec": None,  # benchmarks/configs/sasrec-DATASET.toml when present, else the defaults below
+    "bert4rec": ['model.name="bert4rec"', "model.d=64", "model.n_layers=2", "model.n_heads=2", "model.d_ff=256",
+                 "model.dropout=0.2", "model.attn_dropout=0.2", "model.mask_prob=0.2", "model.last_mask_share=0.1",
+                 'model.loss="ce"', "train.lr=0.001", "train.batch_size=128"],
+}
+SASREC_DEFAULT = ['model.name="sasrec"', "model.d=64", "model.n_layers=2", "model.n_heads=1", "model.dropout=0.2",
+                  "model.attn_dropout=0.2", "train.lr=0.001", "train.batch_size=128"]
+SLOTS = {"unisrec": "UniSRec is benchmarked by its own scripts (text-based); its row is left to that work"}
+
+
+def cell(dataset: str, model: str, overrides: list[str], budget: float, tag: str) -> dict[str, Any]:
+    data = prepared(dataset)
+    raw: dict[str, Any] = {}
+    base = MODELS[model]
+    if base is None:
+        path = CONFIGS / f"sasrec-{dataset}.toml"
+        raw, base = (load_toml(path), []) if path.is_file() else ({}, SASREC_DEFAULT)
+    cfg = resolve(raw, [f'data.dataset="{data.path}"', *COMMON, *base, f"train.time_budget_s={budget}", *overrides])
+    results = fit(cfg, data, WORK / "runs" / f"zoo-{model}-{dataset}{tag}")
+    test = results["test"]
+    return {
+        "dataset": dataset, "model": model, "config": cfg.to_dict(), "overrides": overrides,
+        "test": {k: test[k] for k in ("recall@10", "recall@50", "ndcg@10", "ndcg@50")},
+        "valid": {k: results["valid"][k] for k in ("recall@10", "ndcg@10")},
+        "best_epoch": results["checkpoint"]["epoch"], "epochs_run": results["epochs_run"],
+        "train_seconds": results["train_seconds"], "peak_rss_mb": results["peak_rss_mb"],
+        "stopped_by_budget": bool(budget) and results["train_seconds"] >= budget
+        and results["epochs_run"] < cfg.train.epochs,
+        "n_parameters": results["n_parameters"], "protocol": results["protocol"], "machine": machine(),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("datasets", nargs="+", choices=DATASETS)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, *SLOTS])
+    p.add_argument("--set", action="append", default=[], help="config override for every cell")
+    p.add_argument("--budget", type=float, default=900.0, help="training seconds per cell (0 = none)")
+    p.add_argument("--tag", default="")
+    p.add_argument("--out", default=str(RESULTS / "zoo.json"))
+    p.add_argument("--one", nargs=2, metavar=("DATASET", "MODEL"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.one:  # a child process: one cell, its JSON on the last line of stdout
+        print(json.dumps(cell(args.one[0], args.one[1], args.set, args.budget, args.tag)))
+        return
+    out = Path(args.out)
+    for dataset in args.datasets:
+        for model in args.models:
+            key = f"{dataset}/{model}{args.tag}"
+            if model in SLOTS:
+                logging.info("%s: %s", key, SLOTS[model])
+                continue
+            cmd = [sys.executable, __file__, *args.datasets[:1], "--one", dataset, model, "--budget",
+                   str(args.budget), f"--tag={args.tag}", *[f"--set={s}" for s in args.set]]
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row["command"] = " ".join(["python", "benchmarks/zoo.py", *sys.argv[1:]])
+            table = json.loads(out.read_text()) if out.exists() else {}
+            table[key] = row
+            write_result(out, table)
+            t = row["test"]
+            print(f"{key:<40} R@10 {t['recall@10']:.4f} R@50 {t['recall@50']:.4f} N@10 {t['ndcg@10']:.4f} "
+                  f"N@50 {t['ndcg@50']:.4f} best epoch {row['best_epoch']}/{row['epochs_run']} "
+                  f"{row['train_seconds']:.0f}s {row['peak_rss_mb']:.0f}MB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

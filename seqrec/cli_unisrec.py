@@ -1,0 +1,127 @@
+"""The text and transfer commands of `seqrec`: `text encode`, `pretrain`, `finetune`.
+
+Kept apart from cli.py, which registers them with `add_commands(sub)`; the same
+rules hold here: this module owns console output, the library logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from seqrec.errors import SeqrecError
+
+
+def cmd_text_encode(args: argparse.Namespace) -> int:
+    from seqrec.cli import resolve_dataset
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.text import TextOptions, text_embeddings
+
+    options = TextOptions(encoder=args.encoder, revision=args.revision, pooling=args.pooling,
+                          max_length=args.max_length, template=args.template, missing=args.missing,
+                          word_drop=args.word_drop, batch_size=args.batch_size)
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    result = text_embeddings(data, options, progress=not args.no_progress)
+    meta = result.meta
+    how = "reused" if result.reused else f"encoded in {meta['seconds']:.1f}s ({meta['texts_per_s']:.0f} texts/s)"
+    print(f"{data.meta['name']}: {meta['n_items']} items x {meta['dim']} ({meta['n_missing']} without text), "
+          f"{how} -> {result.path}")
+    return 0
+
+
+def _split_overrides(items: list[str], sections: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    from seqrec.config import parse_override
+
+    out: dict[str, dict[str, Any]] = {s: {} for s in sections}
+    for text in items:
+        (section, key), value = parse_override(text)
+        if section not in out:
+            raise SeqrecError(f"override {text!r}: section must be one of {', '.join(sections)}")
+        out[section][key] = value
+    return out
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from seqrec.cli import resolve_dataset
+    from seqrec.config import build
+    from seqrec.models.unisrec import UniSRecConfig
+    from seqrec.train.pretrain import PretrainConfig, pretrain
+
+    sets = _split_overrides(list(args.set or []), ("pretrain", "model"))
+    names = [n for n in args.datasets.split(",") if n]
+    values = {**sets["pretrain"], "datasets": [str(resolve_dataset(n)) for n in names]}
+    if args.negatives:
+        values["negatives"] = args.negatives
+    cfg = build(PretrainConfig, values, "pretrain")
+    model_cfg = build(UniSRecConfig, {"name": "unisrec", **sets["model"]}, "model")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.out) if args.out else Path("runs") / f"pretrain-{'+'.join(names)}-{cfg.negatives}-{stamp}"
+    results = pretrain(cfg, model_cfg, run_dir)
+    print(f"run: {run_dir}  ({results['steps']} steps, {results['train_seconds']:.0f}s, "
+          f"{results['sequences_per_s']:.0f} sequences/s, peak RSS {results['peak_rss_mb']:.0f} MB, "
+          f"final loss {results['final_loss']:.4f})")
+    return 0
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from seqrec.cli import print_metrics, resolve_dataset
+    from seqrec.config import load_toml, resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import fit
+    from seqrec.train.transfer import finetune_config, finetune_model
+
+    raw = load_toml(Path(args.config)) if args.config else {}
+    sets = _split_overrides(list(args.set or []), ("data", "model", "train", "eval"))
+    model_cfg = finetune_config(Path(getattr(args, "from")), args.setting,
+                                {**raw.pop("model", {}), **sets.pop("model")})
+    raw["model"] = dataclasses.asdict(model_cfg)
+    for section, values in sets.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    cfg = resolve(raw)
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    model = finetune_model(Path(getattr(args, "from")), data, cfg.model, cfg.data.max_len)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
+    cfg.data.dataset = str(data.path)
+    results = fit(cfg, data, run_dir, model=model)
+    print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}, "
+          f"{results['train_seconds']:.0f}s)")
+    print_metrics(results)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Register `text encode`, `pretrain` and `finetune` on the top-level subparsers."""
+    text = sub.add_parser("text", help="item text -> cached frozen language-model vectors")
+    tsub = text.add_subparsers(dest="text_cmd", required=True)
+    enc = tsub.add_parser("encode", help="encode a prepared dataset's item text (cached beside it)")
+    enc.add_argument("dataset")
+    enc.add_argument("--encoder", default="default",
+                     help="local folder or Hugging Face name (default: the packaged all-MiniLM-L6-v2)")
+    enc.add_argument("--revision", default="", help="model revision (default: fingerprint of local files)")
+    enc.add_argument("--pooling", choices=["mean", "cls"], default="mean")
+    enc.add_argument("--max-length", type=int, default=128, help="tokens per text")
+    enc.add_argument("--template", default="", help='e.g. "{title}. {brand}" (default: every text field)')
+    enc.add_argument("--missing", choices=["error", "id", "mean"], default="error",
+                     help="items without text: error, the text 'item <id>', or the mean vector")
+    enc.add_argument("--word-drop", type=float, default=0.15, help="word-drop rate of the augmented view (0: none)")
+    enc.add_argument("--batch-size", type=int, default=64)
+    enc.add_argument("--no-progress", action="store_true")
+    enc.set_defaults(fn=cmd_text_encode)
+    pt = sub.add_parser("pretrain", help="UniSRec multi-domain pre-training")
+    pt.add_argument("--datasets", required=True, help="comma-separated prepared datasets")
+    pt.add_argument("--negatives", choices=["in-batch", "moco"])
+    pt.add_argument("--set", action="append", metavar="pretrain.KEY=V | model.KEY=V")
+    pt.add_argument("--out", help="run folder (default runs/pretrain-...)")
+    pt.set_defaults(fn=cmd_pretrain)
+    ft = sub.add_parser("finetune", help="fine-tune a pre-trained UniSRec on a dataset")
+    ft.add_argument("dataset")
+    ft.add_argument("--from", required=True, help="pre-training run folder (or its checkpoint)")
+    ft.add_argument("--setting", choices=["inductive", "transductive"], default="inductive")
+    ft.add_argument("--config", help="TOML file with [data] [train] [eval] (and [model] overrides)")
+    ft.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
+    ft.add_argument("--out", help="run folder")
+    ft.set_defaults(fn=cmd_finetune)

@@ -1,0 +1,15 @@
+"""Item counts over the training part of every sequence (what popularity samplers need)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqrec.data.dataset import PreparedDataset
+
+
+def train_item_counts(data: PreparedDataset) -> np.ndarray:
+    """(N+1,) int64 number of training events of each item; validation and test targets excluded."""
+    lengths = data.lengths
+    position = np.arange(len(data.items)) - np.repeat(data.offsets[:-1], lengths)  # index inside its sequence
+    keep = position < np.repeat(data.train_end(), lengths)
+    return np.bincount(data.items[keep].astype(np.int64), minlength=data.n_items + 1)

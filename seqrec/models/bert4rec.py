@@ -1,0 +1,140 @@
+"""BERT4Rec: Sequential Recommendation with Bidirectional Encoder Representations
+from Transformer (Sun et al., CIKM 2019).
+
+    x~ = cloze(s): each real item replaced by [MASK] = N+1 with probability p,
+         at least one per sequence, the last item alone in a share of sequences
+    H  = Transformer(E[x~] + P)          bidirectional: every position sees every item
+    score(i | masked position l) = GELU-LN(W_h H_l) · E[i] + b_i   tied table, items 1..N only
+
+At inference `encode` appends [MASK] after the history and reads its state, the
+same task as the last-item cloze of training. The output is scored against rows
+0..N of the table only (`item_embeddings`), so neither [MASK] nor padding can be
+predicted (padding is excluded by the losses and the ranking).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from seqrec.data.batching import Batch
+from seqrec.data.counts import train_item_counts
+from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
+from seqrec.models.base import SequentialModel
+from seqrec.nn.embeddings import make_positions, right_aligned_positions
+from seqrec.nn.objective import Objective, check_loss_config
+from seqrec.nn.transformer import Encoder, attention_mask
+
+
+def cloze_mask(seq: torch.Tensor, mask_token: int, p: float, last_share: float,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vectorised cloze corruption of left-padded (B, L) sequences.
+
+    Returns (inputs, targets): inputs with masked items replaced by `mask_token`;
+    targets (B, L) the original item where masked, 0 elsewhere. Padding is never
+    masked; every row with an item gets at least one mask; in a `last_share` of rows
+    only the last item is masked (the next-item task seen at inference).
+    """
+    real = seq != 0
+    B, L = seq.shape
+    u = torch.rand(B, L, device=seq.device, generator=generator)
+    masked = (u < p) & real
+    # rows with no mask: mask one real position, the one with the largest draw
+    pick = torch.nn.functional.one_hot(torch.where(real, u, -1.0).argmax(1), L).bool() & real
+    masked = torch.where(masked.any(1, keepdim=True), masked, pick)
+    last_only = torch.rand(B, 1, device=seq.device, generator=generator) < last_share
+    last = torch.zeros_like(masked)
+    last[:, -1] = real[:, -1]
+    masked = torch.where(last_only & real[:, -1:], last, masked)
+    return seq.masked_fill(masked, mask_token), seq * masked
+
+
+@dataclass
+class BERT4RecConfig:
+    name: str = "bert4rec"
+    d: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    d_ff: int = 256
+    dropout: float = 0.2
+    attn_dropout: float = 0.2
+    norm_first: bool = False  # the original is post-LN
+    positions: Literal["learned", "sinusoidal"] = "learned"
+    mask_prob: float = 0.2
+    last_mask_share: float = 0.1  # share of training sequences where only the last item is masked
+    loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
+    n_negatives: int = 1
+    negatives: Literal["uniform", "popularity"] = "uniform"
+    logq: bool = False
+    gbce_t: float = 0.75
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.d % self.n_heads:
+            raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
+        if not 0 < self.mask_prob < 1 or not 0 <= self.last_mask_share <= 1:
+            raise SeqrecError("model.mask_prob must be in (0, 1) and model.last_mask_share in [0, 1]")
+        if not 0 <= self.dropout < 1 or not 0 <= self.attn_dropout < 1:
+            raise SeqrecError("model.dropout and model.attn_dropout must be in [0, 1)")
+        check_loss_config(self)
+
+
+class BERT4Rec(SequentialModel):
+    name = "bert4rec"
+
+    def __init__(self, config: BERT4RecConfig, n_items: int, max_len: int) -> None:
+        super().__init__()
+        self.config, self.n_items, self.max_len = config, n_items, max_len
+        self.mask_token = n_items + 1
+        d = config.d
+        self.item_emb = nn.Embedding(n_items + 2, d, padding_idx=0)  # rows: PAD, items 1..N, MASK
+        self.pos_emb = make_positions(config.positions, max_len, d)
+        self.emb_ln, self.emb_drop = nn.LayerNorm(d), nn.Dropout(config.dropout)
+        self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
+                               config.attn_dropout, config.norm_first)
+        self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))  # BERT's output transform
+        self.bias = nn.Parameter(torch.zeros(n_items + 1))
+        self.objective = Objective(config, n_items)
+        self.apply(self._init)
+
+    def _init(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=self.config.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            nn.init.zeros_(module.weight[module.padding_idx])
+
+    def hidden(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, L) left-padded items (may hold MASK) -> (B, L, D) output states; L <= max_len."""
+        x = self.item_emb(items) * math.sqrt(self.config.d)  # as SASRec: items not drowned by positions
+        x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
+        x = self.emb_drop(self.emb_ln(x)) * (items != 0).unsqueeze(-1)
+        return self.head(self.encoder(x, attention_mask(items, causal=False)))
+
+    def encode(self, batch: Batch) -> torch.Tensor:
+        items = batch.items[:, -(self.max_len - 1):] if self.max_len > 1 else batch.items[:, :0]
+        masked = torch.full((items.shape[0], 1), self.mask_token, dtype=items.dtype, device=items.device)
+        return self.hidden(torch.cat([items, masked], dim=1))[:, -1]  # (B, D): the appended [MASK]
+
+    def item_embeddings(self) -> torch.Tensor:
+        return self.item_emb.weight[: self.n_items + 1]  # tied; the MASK row is never scored
+
+    def item_bias(self) -> torch.Tensor | None:
+        return self.bias
+
+    def fit_data(self, data: PreparedDataset) -> None:
+        self.objective.set_counts(train_item_counts(data))
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        assert batch.targets is not None, "training batches carry targets"
+        seq = torch.cat([batch.items, batch.targets[:, -1:]], dim=1)[:, -self.max_len:]  # (B, L'): the window
+        inputs, targets = cloze_mask(seq, self.mask_token, self.config.mask_prob, self.config.last_mask_share)
+        keep = targets != 0
+        h = self.hidden(inputs)[keep]  # (M, D): masked positions only
+        return self.objective(h, self.item_embeddings(), self.item_bias(), targets[keep])

@@ -1,0 +1,142 @@
+"""item2vec: Neural Item Embedding for Collaborative Filtering (Barkan & Koenigstein, 2016),
+i.e. word2vec's skip-gram with negative sampling (Mikolov et al., NeurIPS 2013) with
+users' training sequences as sentences.
+
+    L = -log sigma(u_c · v_o) - sum_{j=1..k} log sigma(-u_c · v_j),   j ~ Pn(i) ∝ count(i)^0.75
+
+over (centre c, context o) pairs at distance <= r in a sequence, r ~ U{1..window}
+per centre (word2vec's dynamic window). Frequent items are dropped before pairing
+with word2vec's rule, keep(i) = (sqrt(f_i / t) + 1) t / f_i, f_i the item's share
+of training events. u (input vectors) is the item table; v (output vectors) is
+used by training only.
+
+A user's state is the recency-weighted mean of the input vectors of the history,
+h = sum_l w_l u_{s_l} / sum_l w_l with w_l = recency^(age of s_l), scored against
+the input vectors by dot product or cosine (`scoring`). Item counts come from the
+training split (`fit_data`) and are kept as a buffer, so checkpoints carry them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqrec.data.batching import Batch
+from seqrec.data.counts import train_item_counts
+from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
+from seqrec.models.base import SequentialModel
+
+
+def compact_left(seq: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Drop the items where `keep` is False and left-pad again: (B, L) -> (B, L), order kept."""
+    keep = keep & (seq != 0)
+    order = torch.argsort(keep.to(torch.int8), dim=1, stable=True)  # dropped first, kept after, in order
+    return torch.gather(seq * keep, 1, order)
+
+
+def skipgram_pairs(seq: torch.Tensor, window: int, dynamic: bool,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(centre, context) item pairs (P,), (P,) of left-padded (B, L) sentences; padding never pairs."""
+    radius = (torch.randint(1, window + 1, seq.shape, device=seq.device, generator=generator) if dynamic
+              else torch.full_like(seq, window))
+    centres, contexts = [], []
+    for o in range(1, min(window, seq.shape[1] - 1) + 1):  # one vectorised step per distance
+        a, b = seq[:, :-o], seq[:, o:]
+        for c, x, r in ((a, b, radius[:, :-o]), (b, a, radius[:, o:])):
+            ok = (c != 0) & (x != 0) & (r >= o)
+            centres.append(c[ok])
+            contexts.append(x[ok])
+    return torch.cat(centres), torch.cat(contexts)
+
+
+def sgns_loss(u: torch.Tensor, v_pos: torch.Tensor, v_neg: torch.Tensor, neg_valid: torch.Tensor) -> torch.Tensor:
+    """Skip-gram negative-sampling loss; u, v_pos (P, D), v_neg (P, k, D), neg_valid (P, k) bool."""
+    pos = F.softplus(-(u * v_pos).sum(-1))  # -log sigma(u·v)
+    neg = F.softplus(torch.einsum("pd,pkd->pk", u, v_neg)) * neg_valid  # -log sigma(-u·v_j)
+    return (pos + neg.sum(-1)).mean()
+
+
+@dataclass
+class Item2VecConfig:
+    name: str = "item2vec"
+    d: int = 64
+    window: int = 5
+    dynamic_window: bool = True
+    n_negatives: int = 5
+    neg_power: float = 0.75
+    subsample: float = 1e-3  # word2vec's t; 0 keeps every event
+    recency: float = 0.8  # weight of an item one step older; 1.0 = plain mean of the history
+    scoring: Literal["dot", "cosine"] = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.n_negatives < 1:
+            raise SeqrecError("model.window and model.n_negatives must be >= 1")
+        if not 0 < self.recency <= 1 or self.subsample < 0:
+            raise SeqrecError("model.recency must be in (0, 1] and model.subsample >= 0")
+
+
+class Item2Vec(SequentialModel):
+    name = "item2vec"
+
+    def __init__(self, config: Item2VecConfig, n_items: int, max_len: int) -> None:
+        super().__init__()
+        self.config, self.n_items, self.max_len = config, n_items, max_len
+        d = config.d
+        self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0)  # input vectors u: the item table
+        self.out_emb = nn.Embedding(n_items + 1, d, padding_idx=0)  # output vectors v: training only
+        nn.init.uniform_(self.item_emb.weight, -0.5 / d, 0.5 / d)  # word2vec's initialisation
+        nn.init.zeros_(self.out_emb.weight)
+        with torch.no_grad():
+            self.item_emb.weight[0].zero_()
+        self.counts: torch.Tensor
+        self.register_buffer("counts", torch.zeros(n_items + 1))
+
+    def fit_data(self, data: PreparedDataset) -> None:
+        self.counts.copy_(torch.as_tensor(train_item_counts(data), dtype=torch.float32))
+
+    def _vectors(self, items: torch.Tensor) -> torch.Tensor:
+        u = self.item_emb(items)
+        return F.normalize(u, dim=-1) if self.config.scoring == "cosine" else u
+
+    def encode(self, batch: Batch) -> torch.Tensor:
+        items = batch.items  # (B, L) left-padded: the last column is the most recent
+        age = torch.arange(items.shape[1] - 1, -1, -1, device=items.device, dtype=torch.float32)
+        w = (self.config.recency ** age)[None, :] * (items != 0)  # (B, L)
+        h = (w.unsqueeze(-1) * self._vectors(items)).sum(1) / w.sum(1, keepdim=True).clamp(min=1e-12)
+        return F.normalize(h, dim=-1) if self.config.scoring == "cosine" else h
+
+    def item_embeddings(self) -> torch.Tensor:
+        if self.config.scoring == "cosine":
+            return F.normalize(self.item_emb.weight, dim=-1)  # padding row stays 0
+        return self.item_emb.weight
+
+    def _keep_probability(self) -> torch.Tensor | None:
+        """(N+1,) word2vec's probability of keeping an event of each item; None = keep all."""
+        total = float(self.counts.sum())
+        if self.config.subsample <= 0 or total <= 0:
+            return None
+        ratio = self.config.subsample / (self.counts / total).clamp(min=1e-12)  # t / f
+        return (ratio.sqrt() + ratio).clamp(max=1.0)  # (sqrt(f/t) + 1) t/f
+
+    def _negatives(self, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+        weight = self.counts ** self.config.neg_power if float(self.counts.sum()) > 0 else torch.ones_like(self.counts)
+        weight = weight.clone()
+        weight[0] = 0.0
+        return torch.multinomial(weight, shape[0] * shape[1], replacement=True).view(shape).to(device)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        assert batch.targets is not None, "training batches carry targets"
+        seq = torch.cat([batch.items, batch.targets[:, -1:]], dim=1)  # (B, L+1): the window's sentence
+        keep_p = self._keep_probability()
+        if keep_p is not None:
+            seq = compact_left(seq, torch.rand(seq.shape, device=seq.device) < keep_p[seq])
+        centre, context = skipgram_pairs(seq, self.config.window, self.config.dynamic_window)
+        if centre.numel() == 0:  # every pair subsampled away: a zero that still has a graph
+            return self.item_emb.weight.sum() * 0.0
+        neg = self._negatives((centre.shape[0], self.config.n_negatives), seq.device)  # (P, k)
+        return sgns_loss(self.item_emb(centre), self.out_emb(context), self.out_emb(neg), neg != context[:, None])

@@ -1,0 +1,176 @@
+"""UniSRec: Towards Universal Sequence Representation Learning for Recommender Systems
+(Hou et al., KDD 2022).
+
+    x_i   = LM(text_i)                                   frozen, a (N+1, D_text) buffer saved in the checkpoint
+    v_i   = MoE(x_i) [+ E_id[i] when transductive]       parametric whitening experts + noisy gate (adaptors.py)
+    H     = CausalTransformer(dropout(LN(v_{s_l} + P[l])))
+    score(i | s_1..s_l) = cos(H_l, v_i) / τ
+
+Item ids never reach the shared parts: a model pre-trained on some domains is
+moved to a new one by swapping the text buffer (and, transductively, adding an
+ID table). Items added after training need only their text (`add_items`).
+Shapes: B batch, L length, D hidden, N items, D_text text width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqrec.data.batching import Batch
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.text import TextOptions, text_embeddings
+from seqrec.errors import SeqrecError
+from seqrec.models.base import SequentialModel
+from seqrec.nn.adaptors import MoEAdaptor, Whitening
+from seqrec.nn.embeddings import right_aligned_positions
+from seqrec.nn.losses import full_ce
+from seqrec.nn.transformer import Encoder, attention_mask
+
+
+@dataclass
+class UniSRecConfig:
+    name: str = "unisrec"
+    d: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    d_ff: int = 256
+    dropout: float = 0.5
+    attn_dropout: float = 0.5
+    norm_first: bool = True
+    temperature: float = 0.07
+    adaptor: Literal["moe", "whitening"] = "moe"  # whitening = classic, not learned
+    n_experts: int = 8
+    adaptor_dropout: float = 0.2
+    gate_noise: bool = True
+    whitening_init: bool = False  # start each MoE expert as an SVD whitening of the text table
+    item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
+    freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
+    init_std: float = 0.02
+    # how the text vectors are made (the key of the text cache; see seqrec.data.text)
+    text_dim: int = 384
+    text_encoder: str = "default"
+    text_revision: str = ""
+    text_pooling: Literal["mean", "cls"] = "mean"
+    text_max_length: int = 128
+    text_template: str = ""
+    text_missing: Literal["error", "id", "mean"] = "error"
+    text_word_drop: float = 0.15
+
+    def __post_init__(self) -> None:
+        if self.d % self.n_heads:
+            raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
+        if self.temperature <= 0 or self.n_experts < 1:
+            raise SeqrecError("model.temperature must be > 0 and model.n_experts >= 1")
+
+    def text_options(self) -> TextOptions:
+        return TextOptions(encoder=self.text_encoder, revision=self.text_revision, pooling=self.text_pooling,
+                           max_length=self.text_max_length, template=self.text_template,
+                           missing=self.text_missing, word_drop=self.text_word_drop)
+
+
+class UniSRec(SequentialModel):
+    name = "unisrec"
+
+    def __init__(self, config: UniSRecConfig, n_items: int, max_len: int,
+                 text_emb: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config, self.n_items, self.max_len = config, n_items, max_len
+        if text_emb is None:  # filled by load_checkpoint; `from_dataset` passes the real vectors
+            text_emb = torch.zeros(n_items + 1, config.text_dim)
+        if tuple(text_emb.shape) != (n_items + 1, config.text_dim):
+            raise SeqrecError(f"text vectors have shape {tuple(text_emb.shape)}, expected "
+                              f"({n_items + 1}, {config.text_dim}); set model.text_dim to the encoder width")
+        self.text_emb: torch.Tensor
+        self.register_buffer("text_emb", text_emb.float().clone())
+        d = config.d
+        self.adaptor: nn.Module = (MoEAdaptor(config.text_dim, d, config.n_experts, config.adaptor_dropout,
+                                              config.gate_noise)
+                                   if config.adaptor == "moe" else Whitening(config.text_dim, d))
+        self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0) if config.item_ids else None
+        self.pos_emb = nn.Embedding(max_len, d)
+        self.in_ln, self.drop = nn.LayerNorm(d), nn.Dropout(config.dropout)
+        self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
+                               config.attn_dropout, config.norm_first)
+        for module in (self.pos_emb, self.encoder, *([self.item_emb] if self.item_emb is not None else [])):
+            module.apply(self._init)
+        if config.freeze_encoder:
+            for module in self.sequence_encoder():
+                module.requires_grad_(False)
+
+    def _init(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=self.config.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            nn.init.zeros_(module.weight[module.padding_idx])
+
+    def sequence_encoder(self) -> list[nn.Module]:
+        """The parts shared across domains that inductive fine-tuning keeps frozen."""
+        return [self.pos_emb, self.in_ln, self.encoder]
+
+    @classmethod
+    def from_dataset(cls, config: UniSRecConfig, data: PreparedDataset, max_len: int,
+                     progress: bool = False) -> UniSRec:
+        """Build with `data`'s item text vectors (from the text cache, encoded once if absent)."""
+        text = text_embeddings(data, config.text_options(), progress=progress).emb
+        if text.shape[1] != config.text_dim:
+            raise SeqrecError(f"the text encoder gives {text.shape[1]}-d vectors; set model.text_dim={text.shape[1]}")
+        model = cls(config, data.n_items, max_len, text)
+        if config.whitening_init or config.adaptor == "whitening":
+            model.adaptor.init_whitening(text[1:], torch.Generator().manual_seed(0))  # type: ignore[operator]
+        return model
+
+    def embed_items(self, ids: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+        """(...) item ids -> (..., D) adapted vectors; the adaptor runs once per distinct item."""
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        v = self.adaptor((self.text_emb if text is None else text)[uniq])
+        if self.item_emb is not None:
+            v = v + self.item_emb(uniq)
+        v = v * (uniq != 0).unsqueeze(-1)  # padding is the zero vector
+        return v[inverse]
+
+    def hidden(self, items: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L) left-padded items -> (B, L, D) causal states; `text` swaps in another view of the text."""
+        x = self.embed_items(items, text)
+        x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
+        x = self.drop(self.in_ln(x)) * (items != 0).unsqueeze(-1)
+        return self.encoder(x, attention_mask(items, causal=True))
+
+    def encode(self, batch: Batch) -> torch.Tensor:
+        return F.normalize(self.hidden(batch.items)[:, -1], dim=-1)  # (B, D), unit length
+
+    def item_embeddings(self) -> torch.Tensor:
+        ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
+        return F.normalize(self.embed_items(ids), dim=-1) / self.config.temperature  # cos / τ
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """Softmax cross-entropy of cos(h, v) / τ over every item, at every position with a target."""
+        assert batch.targets is not None, "training batches carry targets"
+        keep = batch.targets != 0
+        h = F.normalize(self.hidden(batch.items)[keep], dim=-1)  # (M, D)
+        return full_ce(h, self.item_embeddings(), None, batch.targets[keep])
+
+    @torch.no_grad()
+    def add_items(self, text_emb: torch.Tensor) -> range:
+        """Append items known only by their text vectors (n, D_text); returns their new indices.
+
+        Transductive models give them a zero ID vector: they are scored from text alone."""
+        if text_emb.ndim != 2 or text_emb.shape[1] != self.config.text_dim:
+            raise SeqrecError(f"new item vectors must be (n, {self.config.text_dim}), got {tuple(text_emb.shape)}")
+        first = self.n_items + 1
+        self.text_emb = torch.cat([self.text_emb, text_emb.to(self.text_emb)])
+        if self.item_emb is not None:
+            old = self.item_emb.weight
+            grown = nn.Embedding(old.shape[0] + len(text_emb), old.shape[1], padding_idx=0).to(old)
+            grown.weight.zero_()
+            grown.weight[: old.shape[0]] = old
+            grown.requires_grad_(old.requires_grad)
+            self.item_emb = grown
+        self.n_items += len(text_emb)
+        return range(first, self.n_items + 1)

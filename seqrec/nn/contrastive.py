@@ -1,0 +1,77 @@
+"""InfoNCE for UniSRec pre-training, with in-batch or MoCo-queue negatives.
+
+    in-batch   L = -1/M Σ_i log softmax_j(q_i · k_j / τ)[i]           keys of the other rows are negatives
+    queue      L = -1/M Σ_i log softmax([q_i · k_i, q_i · Q_1..K] / τ)[0]
+
+Negatives that are the same item as the positive (`ids`) are removed from the
+softmax (logit -inf): a user who buys the same item as another user is not a
+negative for them. Written with `cross_entropy` (a log-sum-exp), never exp then log.
+q, k (M, D) are expected L2-normalised; Q (K, D) the queued keys.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def info_nce_in_batch(q: torch.Tensor, k: torch.Tensor, temperature: float,
+                      ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Row i's positive is k_i; every k_j (j != i) is a negative unless ids[j] == ids[i]."""
+    logits = (q @ k.T).float() / temperature  # (M, M)
+    if ids is not None:
+        same = (ids[:, None] == ids[None, :]) & ~torch.eye(len(ids), dtype=torch.bool, device=ids.device)
+        logits = logits.masked_fill(same, -torch.inf)
+    return F.cross_entropy(logits, torch.arange(len(q), device=q.device))
+
+
+def info_nce_queue(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float,
+                   ids: torch.Tensor | None = None, queue_ids: torch.Tensor | None = None,
+                   queue_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Row i's positive is k_i, its negatives the queued keys (minus empty slots and same-item keys)."""
+    pos = (q * k).sum(-1, keepdim=True)  # (M, 1)
+    neg = q @ queue.T  # (M, K)
+    drop = torch.zeros_like(neg, dtype=torch.bool)
+    if queue_valid is not None:
+        drop |= ~queue_valid[None, :]
+    if ids is not None and queue_ids is not None:
+        drop |= ids[:, None] == queue_ids[None, :]
+    logits = torch.cat([pos, neg.masked_fill(drop, -torch.inf)], dim=1).float() / temperature
+    return F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long, device=q.device))
+
+
+class KeyQueue(nn.Module):
+    """A ring buffer of the K most recent keys (and their item ids): the MoCo dictionary."""
+
+    def __init__(self, size: int, d: int) -> None:
+        super().__init__()
+        self.keys: torch.Tensor
+        self.ids: torch.Tensor
+        self.valid: torch.Tensor
+        self.register_buffer("keys", torch.zeros(size, d))
+        self.register_buffer("ids", torch.full((size,), -1, dtype=torch.long))
+        self.register_buffer("valid", torch.zeros(size, dtype=torch.bool))
+        self.ptr = 0
+
+    @property
+    def size(self) -> int:
+        return self.keys.shape[0]
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor, ids: torch.Tensor | None = None) -> None:
+        """Write keys over the oldest slots (the newest `size` of them when more are given)."""
+        keys = keys.detach()[-self.size :]
+        ids = None if ids is None else ids[-self.size :]
+        slots = (self.ptr + torch.arange(len(keys), device=keys.device)) % self.size
+        self.keys[slots] = keys.to(self.keys)
+        self.ids[slots] = -1 if ids is None else ids.to(self.ids)
+        self.valid[slots] = True
+        self.ptr = int((self.ptr + len(keys)) % self.size)
+
+
+@torch.no_grad()
+def momentum_update(online: nn.Module, target: nn.Module, m: float) -> None:
+    """θ_target <- m θ_target + (1 - m) θ_online, parameter by parameter."""
+    for p_o, p_t in zip(online.parameters(), target.parameters(), strict=True):
+        p_t.mul_(m).add_(p_o.detach(), alpha=1 - m)

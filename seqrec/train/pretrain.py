@@ -1,0 +1,249 @@
+"""UniSRec multi-domain pre-training (Hou et al., KDD 2022, Sec. 3.3).
+
+Domains keep their own item ids: domain k's item i becomes the global item
+offset_k + i of one joint catalogue whose text buffer is the domains' text
+vectors stacked, so the only thing shared across domains is text. Batches are
+drawn from the joint sequences, so every batch mixes domains.
+
+    L = L_seq-item + λ L_seq-seq
+    L_seq-item  next item vs the other items of the batch (or a MoCo queue); same-item negatives masked
+    L_seq-seq   a sequence vs its own augmented view (items dropped, words of the item text dropped)
+
+A run folder holds config.json, metrics.jsonl (loss, throughput, peak memory),
+results.json and checkpoint/ (a UniSRec over the joint catalogue; `seqrec
+finetune` moves it to a new domain).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from seqrec.data.batching import Batch, TrainBatches
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.io import write_json_atomic
+from seqrec.data.text import text_embeddings
+from seqrec.errors import SeqrecError
+from seqrec.models.unisrec import UniSRec, UniSRecConfig
+from seqrec.nn.contrastive import KeyQueue, info_nce_in_batch, info_nce_queue, momentum_update
+from seqrec.train.checkpoint import save_checkpoint
+from seqrec.train.loop import peak_rss_mb, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PretrainConfig:
+    datasets: list[str] = field(default_factory=list)  # prepared-dataset folders
+    negatives: Literal["in-batch", "moco"] = "in-batch"
+    lam: float = 1e-3  # weight of the sequence-sequence loss
+    item_drop: float = 0.2  # item-drop rate of the augmented view
+    positions: Literal["all", "last"] = "all"  # which positions predict their next item
+    queue_size: int = 4096  # MoCo: queued keys per queue (items, sequences)
+    momentum: float = 0.999  # MoCo: momentum of the key encoder
+    max_len: int = 50
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    clip_grad: float = 5.0
+    max_steps: int = 0  # stop after this many steps; 0 = no limit
+    time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
+    seed: int = 42
+    threads: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.lam < 0 or not 0 <= self.item_drop < 1 or not 0 <= self.momentum < 1:
+            raise SeqrecError("pretrain: lam >= 0, item_drop in [0, 1) and momentum in [0, 1) are required")
+        if self.batch_size < 2 or self.queue_size < 1 or self.epochs < 1:
+            raise SeqrecError("pretrain: batch_size >= 2, queue_size >= 1 and epochs >= 1 are required")
+
+
+@dataclass
+class Domains:
+    """Several prepared datasets as one joint catalogue (item ids shifted by each domain's offset)."""
+
+    data: PreparedDataset  # joint sequences (an in-memory view; its path is the first domain's)
+    text: torch.Tensor  # (N+1, D_text)
+    text_word_drop: torch.Tensor  # (N+1, D_text)
+    items: pl.DataFrame  # idx, item ("domain:raw id"), domain, title
+    offsets: dict[str, int]
+
+
+def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress: bool = False) -> Domains:
+    if not datasets:
+        raise SeqrecError("pretrain needs at least one dataset")
+    seqs, user_offsets, splits, tables = [], [np.zeros(1, dtype=np.int64)], [], []
+    offsets: dict[str, int] = {}
+    texts, augs = [torch.zeros(1, model.text_dim)], [torch.zeros(1, model.text_dim)]
+    shift, events = 0, 0
+    for data in datasets:
+        te = text_embeddings(data, model.text_options(), progress=progress)
+        if te.emb_word_drop is None:
+            raise SeqrecError("pre-training needs the word-drop view: set model.text_word_drop > 0")
+        name = str(data.meta["name"])
+        name = name if name not in offsets else f"{name}#{len(offsets) + 1}"
+        offsets[name] = shift
+        seqs.append(data.items.astype(np.int64) + shift)
+        user_offsets.append(data.offsets[1:] + events)
+        splits.append(data.split)
+        texts.append(te.emb[1:])
+        augs.append(te.emb_word_drop[1:])
+        t = data.item_table.sort("idx")
+        title = next((t[c].cast(pl.Utf8) for c in ("title", "text") if c in t.columns), None)
+        tables.append(pl.DataFrame({"idx": t["idx"] + shift, "item": [f"{name}:{i}" for i in t["item"]],
+                                    "domain": [name] * t.height, "title": title}))
+        shift, events = shift + data.n_items, events + int(data.offsets[-1])
+    joint_offsets = np.concatenate(user_offsets)
+    meta = {"name": "+".join(offsets), "n_items": shift, "n_users": len(joint_offsets) - 1,
+            "fingerprint": "+".join(d.fingerprint for d in datasets), "options": {"split": "joint"}}
+    joint = PreparedDataset(datasets[0].path, meta, np.concatenate(seqs), joint_offsets, np.concatenate(splits), None)
+    return Domains(joint, torch.cat(texts), torch.cat(augs), pl.concat(tables, how="diagonal_relaxed"), offsets)
+
+
+def drop_items(items: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, L) left-padded -> the same rows with each item dropped with probability p, left-padded again.
+    A row that would lose every item is kept whole."""
+    real = items != 0
+    keep = real & (torch.rand(items.shape, generator=generator) >= p)
+    keep = torch.where(keep.any(1, keepdim=True), keep, real)
+    order = torch.argsort(keep.int(), dim=1, stable=True)  # dropped slots first: re-left-pad
+    return (items * keep).gather(1, order)
+
+
+def with_queue(keys: torch.Tensor, ids: torch.Tensor, queue: KeyQueue) -> tuple[torch.Tensor, ...]:
+    """(negatives, their ids, their validity): the batch's own keys followed by the queued ones."""
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    return torch.cat([keys, queue.keys]), torch.cat([ids, queue.ids]), torch.cat([valid, queue.valid])
+
+
+class Pretrainer:
+    """One optimisation step of the two InfoNCE losses, with in-batch or MoCo negatives."""
+
+    def __init__(self, model: UniSRec, cfg: PretrainConfig, text_word_drop: torch.Tensor) -> None:
+        self.model, self.cfg, self.aug = model, cfg, text_word_drop
+        self.tau = model.config.temperature
+        self.key_model: UniSRec | None = None
+        if cfg.negatives == "moco":
+            self.key_model = copy.deepcopy(model).requires_grad_(False)
+            self.item_queue = KeyQueue(cfg.queue_size, model.config.d)
+            self.seq_queue = KeyQueue(cfg.queue_size, model.config.d)
+
+    def positives(self, batch: Batch, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M, D) states that predict a next item and (M,) those items."""
+        assert batch.targets is not None
+        if self.cfg.positions == "last":
+            return h[:, -1], batch.targets[:, -1]
+        keep = batch.targets != 0
+        return h[keep], batch.targets[keep]
+
+    def losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.model
+        h = model.hidden(batch.items)  # (B, L, D)
+        q_item, target = self.positives(batch, h)
+        q_item = F.normalize(q_item, dim=-1)
+        q_seq = F.normalize(h[:, -1], dim=-1)
+        view = drop_items(batch.items, self.cfg.item_drop)
+        if self.key_model is None:
+            k_item = F.normalize(model.embed_items(target), dim=-1)
+            k_seq = F.normalize(model.hidden(view, text=self.aug)[:, -1], dim=-1)
+            return (info_nce_in_batch(q_item, k_item, self.tau, ids=target),
+                    info_nce_in_batch(q_seq, k_seq, self.tau))
+        with torch.no_grad():
+            k_item = F.normalize(self.key_model.embed_items(target), dim=-1)
+            k_seq = F.normalize(self.key_model.hidden(view, text=self.aug)[:, -1], dim=-1)
+        # negatives: this batch's keys, then the queue (a row's own key is masked as the same item)
+        iq, sq = self.item_queue, self.seq_queue
+        row_ids = -2 - torch.arange(len(k_seq))  # distinct from each other and from the queue's -1
+        neg, neg_ids, neg_valid = with_queue(k_item, target, iq)
+        si = info_nce_queue(q_item, k_item, neg, self.tau, target, neg_ids, neg_valid)
+        neg, neg_ids, neg_valid = with_queue(k_seq, row_ids, sq)
+        ss = info_nce_queue(q_seq, k_seq, neg, self.tau, row_ids, neg_ids, neg_valid)
+        iq.enqueue(k_item, target)
+        sq.enqueue(k_seq)
+        return si, ss
+
+    def after_step(self) -> None:
+        if self.key_model is not None:
+            momentum_update(self.model, self.key_model, self.cfg.momentum)
+
+
+def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", {"pretrain": dataclasses.asdict(cfg),
+                                                 "model": dataclasses.asdict(model_cfg)})
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    domains = join_domains([PreparedDataset.load(Path(p)) for p in cfg.datasets], model_cfg, cfg.progress)
+    model = UniSRec(model_cfg, domains.data.n_items, cfg.max_len, domains.text)
+    if model_cfg.whitening_init or model_cfg.adaptor == "whitening":
+        model.adaptor.init_whitening(domains.text[1:], torch.Generator().manual_seed(cfg.seed))  # type: ignore[operator]
+    trainer = Pretrainer(model, cfg, domains.text_word_drop)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    batches = TrainBatches(domains.data, cfg.max_len, cfg.batch_size, cfg.seed)
+    history = train_epochs(trainer, opt, batches, cfg, run_dir)
+    save_checkpoint(model, run_dir / "checkpoint", max_len=cfg.max_len, item_table=domains.items,
+                    extra={"pretrain": dataclasses.asdict(cfg), "domains": domains.offsets})
+    last = history[-1] if history else {}
+    results = {"datasets": cfg.datasets, "domains": domains.offsets, "negatives": cfg.negatives,
+               "steps": sum(r["steps"] for r in history), "epochs_run": len(history),
+               "train_seconds": sum(r["train_s"] for r in history),
+               "sequences_per_s": last.get("sequences_per_s"), "targets_per_s": last.get("targets_per_s"),
+               "final_loss": last.get("loss"), "peak_rss_mb": peak_rss_mb(),
+               "n_parameters": sum(p.numel() for p in model.parameters())}
+    write_json_atomic(run_dir / "results.json", results)
+    return results
+
+
+def train_epochs(trainer: Pretrainer, opt: torch.optim.Optimizer, batches: TrainBatches, cfg: PretrainConfig,
+                 run_dir: Path) -> list[dict[str, Any]]:
+    model, history, steps, start = trainer.model, [], 0, time.perf_counter()
+    (run_dir / "metrics.jsonl").write_text("")
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        sums, n, seqs, targets, t0 = np.zeros(2), 0, 0, 0, time.perf_counter()
+        for batch in tqdm(batches, desc=f"pretrain {epoch}", disable=not cfg.progress, leave=False):
+            si, ss = trainer.losses(batch)
+            loss = si + cfg.lam * ss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_grad > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            opt.step()
+            trainer.after_step()
+            sums += (si.item(), ss.item())
+            n, steps = n + 1, steps + 1
+            seqs += len(batch.items)
+            targets += int((batch.targets != 0).sum()) if batch.targets is not None else 0
+            over = cfg.time_budget_s and time.perf_counter() - start > cfg.time_budget_s
+            if (cfg.max_steps and steps >= cfg.max_steps) or over:
+                break
+        secs = time.perf_counter() - t0
+        row = {"epoch": epoch, "steps": n, "loss": float((sums[0] + cfg.lam * sums[1]) / max(1, n)),
+               "loss_seq_item": float(sums[0] / max(1, n)), "loss_seq_seq": float(sums[1] / max(1, n)),
+               "train_s": secs, "sequences_per_s": seqs / max(secs, 1e-9), "targets_per_s": targets / max(secs, 1e-9),
+               "peak_rss_mb": peak_rss_mb()}
+        history.append(row)
+        with (run_dir / "metrics.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        log.info("pretrain epoch %d: loss %.4f (seq-item %.4f, seq-seq %.4f), %.0f sequences/s", epoch,
+                 row["loss"], row["loss_seq_item"], row["loss_seq_seq"], row["sequences_per_s"])
+        if (cfg.max_steps and steps >= cfg.max_steps) or (
+                cfg.time_budget_s and time.perf_counter() - start > cfg.time_budget_s):
+            break
+    return history

@@ -1,0 +1,69 @@
+"""Move a pre-trained UniSRec to a new domain (Hou et al., KDD 2022, Sec. 3.4).
+
+    inductive     item = MoE(text); the Transformer (and positions, input LN) frozen, the adaptor trained
+    transductive  item = MoE(text) + E_id[item]; the ID table is new, trained with the adaptor
+
+Everything that does not name an item (adaptor, positions, Transformer) is
+copied from the pre-trained checkpoint; the text buffer is the new domain's,
+the ID table (transductive) starts from zero-mean noise.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from safetensors.torch import load_file
+
+from seqrec.config import build
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.io import read_json
+from seqrec.errors import SeqrecError
+from seqrec.models.unisrec import UniSRec, UniSRecConfig
+
+log = logging.getLogger(__name__)
+
+Setting = Literal["inductive", "transductive"]
+PER_DOMAIN = ("text_emb", "item_emb.weight")  # tensors that belong to one catalogue
+
+
+def checkpoint_dir(path: Path) -> Path:
+    path = Path(path)
+    ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
+    if not (ckpt / "model.json").is_file():
+        raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
+    return ckpt
+
+
+def finetune_config(pretrained: Path, setting: Setting, overrides: dict[str, Any] | None = None) -> UniSRecConfig:
+    """The pre-trained model's config with the setting's switches (and any explicit overrides) applied."""
+    if setting not in ("inductive", "transductive"):
+        raise SeqrecError(f"setting must be inductive or transductive, got {setting!r}")
+    meta = read_json(checkpoint_dir(pretrained) / "model.json")
+    if meta.get("model") != "unisrec":
+        raise SeqrecError(f"{pretrained}: fine-tuning needs a UniSRec checkpoint, got {meta.get('model')!r}")
+    overrides = dict(overrides or {})
+    item_ids = setting == "transductive"  # the setting decides; a contradicting override is an error
+    if overrides.pop("item_ids", item_ids) != item_ids:
+        raise SeqrecError(f"model.item_ids contradicts --setting {setting}; drop it from the config")
+    values = {**meta["config"], "freeze_encoder": True, "whitening_init": False, **overrides, "item_ids": item_ids}
+    return build(UniSRecConfig, values, "model")
+
+
+def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfig, max_len: int) -> UniSRec:
+    """A UniSRec for `data` carrying every shared weight of the pre-trained checkpoint."""
+    ckpt = checkpoint_dir(pretrained)
+    meta = read_json(ckpt / "model.json")
+    if int(meta["max_len"]) != max_len:
+        raise SeqrecError(f"pre-trained with max_len={meta['max_len']}; fine-tune with data.max_len={meta['max_len']}")
+    model = UniSRec.from_dataset(config, data, max_len)
+    state = {k: v for k, v in load_file(str(ckpt / "model.safetensors")).items() if k not in PER_DOMAIN}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - set(PER_DOMAIN):
+        raise SeqrecError(f"{ckpt}: weights do not fit (missing {missing}, unexpected {unexpected}); "
+                          "the architecture keys (d, n_layers, n_experts, ...) must match the pre-trained model")
+    n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
+             sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return model

@@ -1,0 +1,100 @@
+"""Item text: templates, missing text, word drop, and the encoder cache (reuse and rebuild)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.text import TextEncoder, TextOptions, item_texts, text_embeddings, word_drop
+from seqrec.errors import SeqrecError
+from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_encoder(tmp_path_factory.mktemp("enc") / "tiny-bert")
+
+
+class Counting:
+    """An encoder factory that counts how many times an encoder had to be built."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, options: TextOptions) -> TextEncoder:
+        self.calls += 1
+        return TextEncoder(options.encoder, options.pooling, options.max_length, options.revision)
+
+
+def test_item_texts_from_fields_and_template() -> None:
+    table = pl.DataFrame({"idx": [2, 1], "item": ["b", "a"], "title": ["Saw", "Glue"],
+                          "brand": [None, "Gorilla"], "categories": ["Tools", None]})
+    assert item_texts(table) == ["Glue. Gorilla", "Saw. Tools"]
+    assert item_texts(table, "{title} by {brand}") == ["Glue by Gorilla", "Saw by"]
+    with pytest.raises(SeqrecError, match="unknown item field"):
+        item_texts(table, "{price}")
+    empty = pl.DataFrame({"idx": [1], "item": ["a"], "title": [None]}, schema_overrides={"title": pl.Utf8})
+    assert item_texts(empty) == [None]
+
+
+def test_word_drop_is_deterministic_and_keeps_a_word() -> None:
+    texts = ["one two three four five six", "single"]
+    a, b = word_drop(texts, 0.5, seed=3), word_drop(texts, 0.5, seed=3)
+    assert a == b and a[1] == "single"
+    assert all(set(x.split()) <= set(t.split()) and x for x, t in zip(a, texts, strict=True))
+    assert word_drop(texts, 0.99, seed=0)[0]  # never empty
+
+
+def test_cache_is_reused_when_unchanged_and_rebuilt_when_a_key_changes(
+        tiny_dataset: PreparedDataset, encoder_dir: Path) -> None:
+    count = Counting()
+    base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.3)
+    first = text_embeddings(tiny_dataset, base, encoder_factory=count)
+    assert not first.reused and count.calls == 1
+    assert first.emb.shape == (tiny_dataset.n_items + 1, TEXT_DIM)
+    assert first.emb_word_drop is not None and not torch.equal(first.emb, first.emb_word_drop)
+    assert torch.equal(first.emb[0], torch.zeros(TEXT_DIM)) and bool((first.emb[1:].norm(dim=1) > 0).all())
+    again = text_embeddings(tiny_dataset, base, encoder_factory=count)
+    assert again.reused and count.calls == 1 and again.path == first.path
+    torch.testing.assert_close(again.emb, first.emb, rtol=0, atol=0)
+    paths = {first.path}
+    for changed in (replace(base, pooling="cls"), replace(base, max_length=4), replace(base, revision="v2"),
+                    replace(base, template="{title} item"), replace(base, word_drop=0.0)):
+        out = text_embeddings(tiny_dataset, changed, encoder_factory=count)
+        assert not out.reused
+        paths.add(out.path)
+    assert count.calls == 6 and len(paths) == 6
+    # another encoder folder (different files) is another key, even with the same options
+    other = encoder_dir.parent / "other-bert"
+    shutil.copytree(encoder_dir, other)
+    (other / "extra.json").write_text("{}")
+    assert not text_embeddings(tiny_dataset, replace(base, encoder=str(other)), encoder_factory=count).reused
+    # the texts themselves are part of the key
+    table = tiny_dataset.item_table.with_columns(pl.col("title").str.replace("Item", "Tool"))
+    table.write_parquet(tiny_dataset.path / "items.parquet")
+    changed_texts = PreparedDataset.load(tiny_dataset.path)
+    assert not text_embeddings(changed_texts, base, encoder_factory=count).reused
+    assert count.calls == 8
+
+
+def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: PreparedDataset,
+                                                              encoder_dir: Path) -> None:
+    titles = tiny_dataset.item_table["title"].to_list()
+    titles[4] = None
+    tiny_dataset.item_table.with_columns(title=pl.Series(titles)).write_parquet(tiny_dataset.path / "items.parquet")
+    data = PreparedDataset.load(tiny_dataset.path)
+    base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0)
+    with pytest.raises(SeqrecError, match="1 item"):
+        text_embeddings(data, base)
+    mean = text_embeddings(data, replace(base, missing="mean")).emb
+    others = np.r_[1:5, 6 : data.n_items + 1]
+    torch.testing.assert_close(mean[5], mean[others].mean(0))
+    by_id = text_embeddings(data, replace(base, missing="id")).emb
+    assert by_id[5].norm() > 0 and not torch.allclose(by_id[5], mean[5])

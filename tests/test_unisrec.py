@@ -1,0 +1,248 @@
+"""UniSRec: adaptors, contrastive losses, MoCo, text cache, fine-tuning and text-only new items."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqrec.config import EvalConfig
+from seqrec.data.batching import TrainBatches
+from seqrec.data.dataset import PreparedDataset
+from seqrec.eval.evaluate import evaluate
+from seqrec.models.unisrec import UniSRec, UniSRecConfig
+from seqrec.nn.adaptors import MoEAdaptor, PWLayer, svd_whitening
+from seqrec.nn.contrastive import KeyQueue, info_nce_in_batch, info_nce_queue, momentum_update
+from seqrec.train.checkpoint import save_checkpoint
+from seqrec.train.pretrain import PretrainConfig, Pretrainer, drop_items
+from seqrec.train.transfer import finetune_config, finetune_model
+from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_encoder(tmp_path_factory.mktemp("enc") / "tiny-bert")
+
+
+def tiny_config(encoder: Path, **extra: object) -> UniSRecConfig:
+    values = {"d": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "dropout": 0.1, "attn_dropout": 0.1,
+              "n_experts": 3, "text_dim": TEXT_DIM, "text_encoder": str(encoder), "text_max_length": 16, **extra}
+    return UniSRecConfig(**values)  # type: ignore[arg-type]
+
+
+# ---- adaptors ------------------------------------------------------------------------------------
+
+def test_gates_sum_to_one_and_are_noise_free_in_eval() -> None:
+    torch.manual_seed(0)
+    moe = MoEAdaptor(8, 4, n_experts=5, dropout=0.0)
+    with torch.no_grad():
+        moe.w_gate.normal_()
+        moe.w_noise.normal_()
+    x = torch.randn(32, 8)
+    moe.train()
+    noisy = moe.gates(x)
+    torch.testing.assert_close(noisy.sum(-1), torch.ones(32))
+    assert not torch.allclose(noisy, moe.gates(x))  # training: a fresh draw each call
+    moe.eval()
+    g = moe.gates(x)
+    torch.testing.assert_close(g.sum(-1), torch.ones(32))
+    torch.testing.assert_close(g, moe.gates(x), rtol=0, atol=0)
+    torch.testing.assert_close(g, torch.softmax(x @ moe.w_gate, -1))
+    # the output is the gate-weighted sum of the experts
+    expected = sum(g[:, i : i + 1] * moe.experts[i](x) for i in range(5))
+    torch.testing.assert_close(moe(x), expected)
+
+
+def test_pw_layer_is_x_minus_b_times_w() -> None:
+    layer = PWLayer(3, 2, dropout=0.0)
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        layer.lin.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]))
+    out = layer(torch.tensor([[2.0, 2.0, 5.0]]))
+    torch.testing.assert_close(out, torch.tensor([[1.0, 2.0]]))
+
+
+def test_svd_whitening_gives_identity_covariance() -> None:
+    g = torch.Generator().manual_seed(0)
+    mixing = torch.randn(10, 10, generator=g)
+    x = torch.randn(5000, 10, generator=g) @ mixing + 3.0  # correlated, off-centre
+    mean, W = svd_whitening(x, 6)
+    y = (x - mean) @ W
+    torch.testing.assert_close(y.mean(0), torch.zeros(6), atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.cov(y.T), torch.eye(6), atol=1e-3, rtol=0)
+    moe = MoEAdaptor(10, 6, n_experts=2, dropout=0.0)
+    moe.init_whitening(x, torch.Generator().manual_seed(1))
+    for expert in moe.experts:  # every expert whitens, each in its own rotation
+        torch.testing.assert_close(torch.cov(expert(x).detach().T), torch.eye(6), atol=1e-3, rtol=0)
+    assert not torch.allclose(moe.experts[0](x), moe.experts[1](x))
+
+
+# ---- InfoNCE -------------------------------------------------------------------------------------
+
+def test_in_batch_info_nce_matches_hand_computation_with_same_item_masking() -> None:
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    k = torch.tensor([[0.8, 0.6], [0.0, 1.0], [1.0, 0.0]])
+    tau = 0.5
+    s = ((q @ k.T) / tau).tolist()
+    by_hand = [-(s[i][i] - math.log(sum(math.exp(s[i][j]) for j in range(3)))) for i in range(3)]
+    assert info_nce_in_batch(q, k, tau).item() == pytest.approx(sum(by_hand) / 3, rel=1e-5)
+    # rows 0 and 2 share their positive item: each is removed from the other's negatives
+    ids = torch.tensor([7, 8, 7])
+    masked = [
+        -(s[0][0] - math.log(math.exp(s[0][0]) + math.exp(s[0][1]))),
+        by_hand[1],
+        -(s[2][2] - math.log(math.exp(s[2][1]) + math.exp(s[2][2]))),
+    ]
+    assert info_nce_in_batch(q, k, tau, ids).item() == pytest.approx(sum(masked) / 3, rel=1e-5)
+
+
+def test_queue_info_nce_matches_hand_computation() -> None:
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    k = torch.tensor([[0.6, 0.8], [0.0, 1.0]])
+    queue = torch.tensor([[1.0, 0.0], [0.0, -1.0], [0.5, 0.5]])
+    queue_ids, valid = torch.tensor([3, 4, -1]), torch.tensor([True, True, False])
+    tau, ids = 0.2, torch.tensor([3, 9])
+    pos = (q * k).sum(1) / tau
+    neg = q @ queue.T / tau
+    # row 0: queue slot 0 is the same item (3) and slot 2 is empty -> only slot 1 competes
+    l0 = -(pos[0] - torch.logsumexp(torch.stack([pos[0], neg[0, 1]]), 0))
+    l1 = -(pos[1] - torch.logsumexp(torch.stack([pos[1], neg[1, 0], neg[1, 1]]), 0))
+    got = info_nce_queue(q, k, queue, tau, ids, queue_ids, valid)
+    assert got.item() == pytest.approx(((l0 + l1) / 2).item(), rel=1e-5)
+
+
+def test_key_queue_enqueues_and_dequeues_in_ring_order() -> None:
+    queue = KeyQueue(4, 2)
+    assert not queue.valid.any()
+    queue.enqueue(torch.ones(3, 2), torch.tensor([1, 2, 3]))
+    assert queue.valid.tolist() == [True, True, True, False] and queue.ptr == 3
+    queue.enqueue(torch.full((2, 2), 2.0), torch.tensor([4, 5]))  # slot 3, then wraps over the oldest
+    assert queue.ids.tolist() == [5, 2, 3, 4] and queue.ptr == 1
+    assert queue.keys[:, 0].tolist() == [2.0, 1.0, 1.0, 2.0]
+    queue.enqueue(torch.arange(12.0).view(6, 2), torch.arange(10, 16))  # more than fit: the newest 4
+    assert sorted(queue.ids.tolist()) == [12, 13, 14, 15] and queue.valid.all()
+
+
+# ---- model, pre-training, fine-tuning ------------------------------------------------------------
+
+def test_drop_items_keeps_order_and_left_padding() -> None:
+    items = torch.tensor([[0, 0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]])
+    out = drop_items(items, 0.5, torch.Generator().manual_seed(0))
+    for row, orig in zip(out.tolist(), items.tolist(), strict=True):
+        kept = [i for i in row if i]
+        assert kept == [i for i in orig if i in kept] and kept  # order kept, never empty
+        assert row[: len(row) - len(kept)] == [0] * (len(row) - len(kept))  # left-padded
+
+
+def test_moco_key_encoder_gets_no_gradient_and_follows_by_momentum(
+        tiny_dataset: PreparedDataset, encoder_dir: Path) -> None:
+    torch.manual_seed(0)
+    model = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)
+    cfg = PretrainConfig(negatives="moco", queue_size=64, momentum=0.9, lam=0.1)
+    text_view = model.text_emb + 0.01 * torch.randn_like(model.text_emb)
+    trainer = Pretrainer(model, cfg, text_view)
+    assert trainer.key_model is not None
+    before = [p.clone() for p in trainer.key_model.parameters()]
+    batch = next(iter(TrainBatches(tiny_dataset, 8, 16, seed=0)))
+    si, ss = trainer.losses(batch)
+    (si + cfg.lam * ss).backward()
+    assert all(p.grad is None and not p.requires_grad for p in trainer.key_model.parameters())
+    assert trainer.item_queue.valid.sum() == min(64, int((batch.targets != 0).sum()))  # type: ignore[union-attr]
+    assert trainer.seq_queue.valid.sum() == len(batch.items)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    trainer.after_step()
+    for b, p_k, p_o in zip(before, trainer.key_model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p_k, 0.9 * b + 0.1 * p_o)
+    momentum_update(model, trainer.key_model, 0.0)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), trainer.key_model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("setting", ["inductive", "transductive"])
+def test_finetuning_changes_no_frozen_parameter(setting: str, tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    pre = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)
+    save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
+    model = finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", setting), 8)  # type: ignore[arg-type]
+    frozen = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    trained = {n: p.clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert any(n.startswith("encoder.") for n in frozen) and "pos_emb.weight" in frozen
+    assert all(n.startswith("adaptor.") or n == "item_emb.weight" for n in trained)
+    assert ("item_emb.weight" in trained) == (setting == "transductive")
+    for n, p in pre.state_dict().items():  # the shared weights came from the pre-trained model
+        if n.startswith(("encoder.", "adaptor.", "pos_emb.")):
+            torch.testing.assert_close(model.state_dict()[n], p)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for batch in TrainBatches(tiny_dataset, 8, 16, seed=0):
+        opt.zero_grad()
+        model.loss(batch).backward()
+        opt.step()
+    after = dict(model.named_parameters())
+    assert all(torch.equal(p, after[n]) for n, p in frozen.items())
+    assert any(not torch.equal(p, after[n]) for n, p in trained.items())
+
+
+def test_new_item_is_ranked_from_its_text_alone(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                 tmp_path: Path) -> None:
+    """Train, then add an item whose text is that of the true next item: it must rank with it, at the top."""
+    from seqrec.serve import Recommender
+
+    torch.manual_seed(0)
+    cfg = tiny_config(encoder_dir, d=32, dropout=0.0, attn_dropout=0.0, adaptor_dropout=0.0)
+    model = UniSRec.from_dataset(cfg, tiny_dataset, 8)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        for batch in TrainBatches(tiny_dataset, 8, 16, seed=0):
+            opt.zero_grad()
+            model.loss(batch).backward()
+            opt.step()
+    assert evaluate(model, tiny_dataset, "valid", 8, EvalConfig(ks=[5]), torch.device("cpu"))["recall@5"] > 0.6
+    save_checkpoint(model, tmp_path / "ckpt", max_len=8, item_table=tiny_dataset.item_table)
+    rec = Recommender.from_run(tmp_path / "ckpt")
+    history = ["i3", "i4", "i5", "i6"]
+    top = rec.recommend(history, k=3)
+    nxt = top[0].item
+    text = tiny_dataset.item_table.filter(tiny_dataset.item_table["item"] == nxt)["title"][0]
+    rec.add_items({"new-1": text, "new-2": "red blue glue tape saw"})
+    assert rec.n_items == tiny_dataset.n_items + 2
+    top2 = [r.item for r in rec.recommend(history, k=2)]
+    assert set(top2) == {nxt, "new-1"}
+    # a new item can be in the history and be the only candidate
+    only = rec.recommend([*history, "new-2"], k=1, candidates=["new-1"])
+    assert only[0].item == "new-1"
+    ranked = rec.recommend(history, k=rec.n_items)
+    assert ranked[-1].score <= ranked[0].score and len(ranked) == rec.n_items
+
+
+def test_unisrec_checkpoint_is_self_contained(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                               tmp_path: Path) -> None:
+    from seqrec.data.batching import Batch
+    from seqrec.train.checkpoint import load_checkpoint
+
+    model = UniSRec.from_dataset(tiny_config(encoder_dir, item_ids=True), tiny_dataset, 8).eval()
+    save_checkpoint(model, tmp_path / "c", max_len=8, item_table=tiny_dataset.item_table)
+    loaded, _ = load_checkpoint(tmp_path / "c")
+    torch.testing.assert_close(loaded.text_emb, model.text_emb, rtol=0, atol=0)
+    batch = Batch(items=torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]]))
+    torch.testing.assert_close(model.score(batch), loaded.score(batch), rtol=0, atol=0)
+    h, v = model.encode(batch), model.item_embeddings()
+    torch.testing.assert_close(h.norm(dim=-1), torch.ones(2))
+    torch.testing.assert_close(F.normalize(v[1:], dim=-1) / 0.07, v[1:])
+
+
+def test_finetune_setting_decides_the_id_table(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                               tmp_path: Path) -> None:
+    from seqrec.errors import SeqrecError
+
+    pre = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)
+    save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
+    assert finetune_config(tmp_path / "pre", "transductive", {"dropout": 0.3}).item_ids
+    with pytest.raises(SeqrecError, match="contradicts"):
+        finetune_config(tmp_path / "pre", "transductive", {"item_ids": False})
+    with pytest.raises(SeqrecError, match="max_len"):
+        finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 12)
