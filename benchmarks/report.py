@@ -77,11 +77,54 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _metric_row(key: str, t: dict[str, float], extra: list[str]) -> str:
+    cells = [f4(t.get(m)) for m in ("recall@10", "ndcg@10", "recall@50", "ndcg@50")]
+    return "| " + " | ".join([key, *cells, *extra]) + " |"
+
+
+def model_table(title: str, script: str, file: str, d: dict[str, Any]) -> list[str]:
+    lines = [f"## {title}", "", f"Script: `benchmarks/{script}`; file: `results/{file}`. Leave-one-out, full ranking; "
+             "runs on a shared 2-core CPU with per-run time budgets (see each entry's config in the file).", "",
+             "| run | R@10 | N@10 | R@50 | N@50 | best epoch | train s |", "|---|---|---|---|---|---|---|"]
+    for key, r in d.items():
+        if isinstance(r, dict) and "test" in r:
+            lines.append(_metric_row(key, r["test"], [str(r.get("best_epoch", "")),
+                                                      f"{r.get('train_seconds', 0):.0f}"]))
+    return lines
+
+
+def unisrec(d: dict[str, Any]) -> list[str]:
+    lines = ["## UniSRec on the Scientific files", "", "Script: `benchmarks/unisrec_runs.sh` + "
+             "`benchmarks/unisrec_report.py`; file: `results/unisrec.json` (each entry records its command).", "",
+             "| run | R@10 | N@10 | R@50 | N@50 | published (R@10 / N@10) | best epoch | train s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, r in d.get("quality", {}).items():
+        pub = r.get("published") or {}
+        lines.append(_metric_row(key, r["test"], [f"{f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))}",
+                                                  str(r.get("best_epoch", "")), f"{r.get('train_seconds', 0):.0f}"]))
+    return lines
+
+
 SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("sasrec_quality.json", sasrec_quality),
     ("speed_vs_recbole.json", speed),
     ("eval_cost.json", eval_cost),
+    ("zoo.json", lambda d: model_table("Model zoo", "zoo.py", "zoo.json", d)),
+    ("loss_compare.json", lambda d: model_table("SASRec losses", "loss_compare.py", "loss_compare.json", d)),
+    ("unisrec.json", unisrec),
 ]
+README = ROOT / "README.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def inject_readme(block: list[str]) -> None:
+    """Replace the README's generated block (between the markers) with `block`."""
+    text = README.read_text()
+    if START not in text or END not in text:
+        return
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(head + START + "\n" + "\n".join(block) + "\n" + END + tail)
 
 
 def merged(prefix: str) -> dict[str, Any] | None:
@@ -101,6 +144,13 @@ def main() -> None:
         if data is not None:
             lines += [*render(data), ""]
     OUT.write_text("\n".join(lines))
+    headline: list[str] = []
+    for name, render in SECTIONS[:2]:
+        data = merged("sasrec_quality") if name == "sasrec_quality.json" else load(name)
+        if data is not None:
+            headline += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
+                         for line in render(data)] + [""]
+    inject_readme(headline)
     print(f"wrote {OUT}")
 
 
