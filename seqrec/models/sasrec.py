@@ -26,6 +26,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
+from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
 from seqrec.nn.transformer import Encoder, attention_mask
 
@@ -72,15 +73,7 @@ class SASRec(SequentialModel):
                                config.attn_dropout, config.norm_first)
         self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
         self.objective = Objective(config, n_items)
-        self.apply(self._init)
-
-    def _init(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=self.config.init_std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-            nn.init.zeros_(module.weight[module.padding_idx])
+        self.apply(normal_init(config.init_std))
 
     def hidden(self, items: torch.Tensor) -> torch.Tensor:
         """(B, L) left-padded items -> (B, L, D) states; state l has seen items[:, :l+1]."""

@@ -28,6 +28,7 @@ from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.adaptors import MoEAdaptor, Whitening
 from seqrec.nn.embeddings import right_aligned_positions
+from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
 from seqrec.nn.transformer import Encoder, attention_mask
 
@@ -97,18 +98,10 @@ class UniSRec(SequentialModel):
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         for module in (self.pos_emb, self.encoder, *([self.item_emb] if self.item_emb is not None else [])):
-            module.apply(self._init)
+            module.apply(normal_init(config.init_std))
         if config.freeze_encoder:
             for module in self.sequence_encoder():
                 module.requires_grad_(False)
-
-    def _init(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=self.config.init_std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-            nn.init.zeros_(module.weight[module.padding_idx])
 
     def sequence_encoder(self) -> list[nn.Module]:
         """The parts shared across domains that inductive fine-tuning keeps frozen."""
