@@ -50,9 +50,15 @@ def speed(d: dict[str, Any]) -> list[str]:
     for name, r in d["runs"].items():
         t = r.get("test") or {}
         reach = r.get("time_to_reach_recbole_best_s", r.get("time_to_best_s"))
+        # older files recorded the children's maximum RSS, not each process's own peak: not shown
+        rss = "–" if r.get("self_peak_rss_mb") is None else f"{r['self_peak_rss_mb']:.0f}"
         lines.append(f"| {name} | {f4(r['best_valid_ndcg@10'])} | {f4(t.get('recall@10'))} | {f4(t.get('ndcg@10'))} | "
                      f"{f4(t.get('recall@50'))} | {f4(t.get('ndcg@50'))} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | "
-                     f"{r['peak_rss_mb']:.0f} | {'not reached' if reach is None else f'{reach:.0f} s'} |")
+                     f"{rss} | {'not reached' if reach is None else f'{reach:.0f} s'} |")
+    if "recbole_epoch_cap" in d:
+        lines += ["", f"RecBole was capped at {d['recbole_epoch_cap']} epochs (recorded in the file); its best "
+                  "validation NDCG@10 is the best within the cap. A seqrec sample is a window of up to max_len "
+                  "targets, a RecBole sample is one prefix: batch 256 is the same number of samples but many times the targets."]
     for name, r in d["runs"].items():
         if r.get("ratio_vs_recbole_time_to_best") is not None:
             lines.append("")
