@@ -58,7 +58,8 @@ def speed(d: dict[str, Any]) -> list[str]:
     if "recbole_epoch_cap" in d:
         lines += ["", f"RecBole was capped at {d['recbole_epoch_cap']} epochs (recorded in the file); its best "
                   "validation NDCG@10 is the best within the cap. A seqrec sample is a window of up to max_len "
-                  "targets, a RecBole sample is one prefix: batch 256 is the same number of samples but many times the targets."]
+                  "targets, a RecBole sample is one prefix: batch 256 is the same number of samples but many "
+                  "times the targets."]
     for name, r in d["runs"].items():
         if r.get("ratio_vs_recbole_time_to_best") is not None:
             lines.append("")
