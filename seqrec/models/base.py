@@ -12,6 +12,7 @@ Ranking, evaluation, checkpoints and serving are written once against these.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -33,20 +34,23 @@ class EpochBatches(Protocol):
     def __iter__(self) -> Iterator[Batch]: ...
 
 
-class SequentialModel(nn.Module):
+class SequentialModel(nn.Module, abc.ABC):
     name: str = ""
 
+    @abc.abstractmethod
     def encode(self, batch: Batch) -> torch.Tensor:
-        raise NotImplementedError  # abstract: each model defines it
+        ...
 
+    @abc.abstractmethod
     def item_embeddings(self) -> torch.Tensor:
-        raise NotImplementedError  # abstract: each model defines it
+        ...
 
     def item_bias(self) -> torch.Tensor | None:
         return None
 
+    @abc.abstractmethod
     def loss(self, batch: Batch) -> torch.Tensor:
-        raise NotImplementedError  # abstract: each model defines it
+        ...
 
     def fit_data(self, data: PreparedDataset) -> None:
         """Hook run by `fit` before training; only the training split may be read.
