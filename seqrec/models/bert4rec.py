@@ -29,7 +29,7 @@ from seqrec.models.base import SequentialModel
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
-from seqrec.nn.transformer import Encoder, attention_mask
+from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
 
 
 def cloze_mask(seq: torch.Tensor, mask_token: int, p: float, last_share: float,
@@ -76,12 +76,9 @@ class BERT4RecConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.d % self.n_heads:
-            raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
+        check_encoder_config(self)
         if not 0 < self.mask_prob < 1 or not 0 <= self.last_mask_share <= 1:
             raise SeqrecError("model.mask_prob must be in (0, 1) and model.last_mask_share in [0, 1]")
-        if not 0 <= self.dropout < 1 or not 0 <= self.attn_dropout < 1:
-            raise SeqrecError("model.dropout and model.attn_dropout must be in [0, 1)")
         check_loss_config(self)
 
 

@@ -23,12 +23,11 @@ from torch import nn
 from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
-from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
-from seqrec.nn.transformer import Encoder, attention_mask
+from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
 
 
 @dataclass
@@ -52,10 +51,7 @@ class SASRecConfig:
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
 
     def __post_init__(self) -> None:
-        if self.d % self.n_heads:
-            raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
-        if not 0 <= self.dropout < 1 or not 0 <= self.attn_dropout < 1:
-            raise SeqrecError("model.dropout and model.attn_dropout must be in [0, 1)")
+        check_encoder_config(self)
         check_loss_config(self)
 
 

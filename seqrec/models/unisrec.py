@@ -30,7 +30,7 @@ from seqrec.nn.adaptors import MoEAdaptor, Whitening
 from seqrec.nn.embeddings import right_aligned_positions
 from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
-from seqrec.nn.transformer import Encoder, attention_mask
+from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
 
 
 @dataclass
@@ -63,8 +63,7 @@ class UniSRecConfig:
     text_word_drop: float = 0.15
 
     def __post_init__(self) -> None:
-        if self.d % self.n_heads:
-            raise SeqrecError(f"model.d={self.d} must be divisible by model.n_heads={self.n_heads}")
+        check_encoder_config(self)
         if self.temperature <= 0 or self.n_experts < 1:
             raise SeqrecError("model.temperature must be > 0 and model.n_experts >= 1")
 

@@ -7,9 +7,21 @@ always to itself so that padding rows stay finite.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from seqrec.errors import SeqrecError
+
+
+def check_encoder_config(cfg: Any) -> None:
+    """Validate the Transformer keys a model config shares (called from its __post_init__)."""
+    if cfg.d % cfg.n_heads:
+        raise SeqrecError(f"model.d={cfg.d} must be divisible by model.n_heads={cfg.n_heads}")
+    if not 0 <= cfg.dropout < 1 or not 0 <= cfg.attn_dropout < 1:
+        raise SeqrecError("model.dropout and model.attn_dropout must be in [0, 1)")
 
 
 def attention_mask(items: torch.Tensor, causal: bool) -> torch.Tensor:
