@@ -29,10 +29,13 @@ else:  # pragma: no cover
 class DataConfig:
     dataset: str = ""  # a prepared-dataset folder, or a name under $SEQREC_HOME/prepared
     max_len: int = 50  # items of history the model sees
+    stride: int = 0  # training windows: targets per window (0 = max_len, consecutive windows; smaller overlaps)
 
     def __post_init__(self) -> None:
         if self.max_len < 1:
             raise SeqrecError(f"data.max_len must be >= 1, got {self.max_len}")
+        if not 0 <= self.stride <= self.max_len:
+            raise SeqrecError(f"data.stride must be in [0, max_len={self.max_len}], got {self.stride}")
 
 
 @dataclass

@@ -53,15 +53,21 @@ def test_dedupe_and_kcore(tmp_path: Path) -> None:
     assert kcore(frame, 3).height == 0
 
 
-def test_leave_one_out_split_keeps_targets_out_of_training(tiny_dataset: PreparedDataset) -> None:
+@pytest.mark.parametrize("stride", [0, 1, 3])
+def test_leave_one_out_split_keeps_targets_out_of_training(tiny_dataset: PreparedDataset, stride: int) -> None:
     d = tiny_dataset
     lengths = d.lengths
     np.testing.assert_array_equal(d.split[:, 1], lengths - 1)
     np.testing.assert_array_equal(d.split[:, 0], lengths - 2)
-    start, end, user = training_windows(d.offsets, d.train_end(), max_len=4)
+    context, start, end, user = training_windows(d.offsets, d.train_end(), max_len=4, stride=stride)
     # every training target lies strictly before the user's validation position
     valid_flat = d.offsets[:-1] + d.split[:, 0]
     assert (end <= valid_flat[user]).all()
+    # a window reads at most max_len inputs, all of them the user's, and as many as it can
+    first = d.offsets[:-1][user] + 1
+    assert (context >= first).all() and (end - context <= 4).all()
+    assert ((end - context == 4) | (context == first)).all()
+    assert (context <= start).all() and (end - start <= (stride or 4)).all()
     # and every training event after the first is a target exactly once
     covered = np.zeros(len(d.items), dtype=int)
     for s, e in zip(start, end, strict=True):
@@ -80,6 +86,20 @@ def test_batches_are_left_padded_shifted_pairs(tiny_dataset: PreparedDataset) ->
         # inputs are the targets shifted right by one, padding aligned
         assert ((b.items == 0) == (b.targets == 0)).all()
         assert (b.items[:, -1] != 0).all()
+        assert (b.items[:, 1:] == b.targets[:, :-1]).masked_select(b.targets[:, :-1] != 0).all()
+
+
+def test_overlapping_windows_give_targets_context(tiny_dataset: PreparedDataset) -> None:
+    """With stride 1, each target but a user's first few is predicted from max_len inputs."""
+    n = 0
+    for b in TrainBatches(tiny_dataset, max_len=4, batch_size=8, seed=0, stride=1):
+        assert b.targets is not None
+        assert ((b.targets != 0).sum(1) == 1).all()  # one target per window, at the last column
+        assert (b.targets[:, -1] != 0).all()
+        # the inputs are the events before the target, the most recent last
+        assert (b.items[:, 1:][b.items[:, :-1] != 0] != 0).all()
+        n += len(b.items)
+    assert n == TrainBatches(tiny_dataset, max_len=4, batch_size=8, seed=0).n_targets
     test = next(eval_batches(tiny_dataset, "test", max_len=50, batch_size=1000))
     u = int(test.users[0])
     a, z = tiny_dataset.offsets[u], tiny_dataset.offsets[u + 1]

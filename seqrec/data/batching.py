@@ -6,8 +6,13 @@ right (`max_len - Lb + arange(Lb)`), so trimming never changes what a model sees
 
 Training learns from every position at once: a user's training events
 `s_0..s_{t-1}` give inputs `s_0..s_{t-2}` and next-item targets `s_1..s_{t-1}`.
-Histories longer than `max_len` are cut into consecutive windows from the most
-recent end, so every training event is a target once per epoch.
+Histories longer than `max_len` are cut into windows from the most recent end,
+so every training event is a target once per epoch. With `stride = max_len`
+(the default) the windows are consecutive, and the first targets of a window see
+little history; with a smaller stride each window still reads `max_len` inputs
+but takes the loss only on its last `stride` targets, so every target but a
+user's first `max_len - stride` sees at least `max_len - stride` earlier events,
+at `max_len / stride` times the compute.
 """
 
 from __future__ import annotations
@@ -40,27 +45,35 @@ class Batch:
 
 
 def training_windows(
-    offsets: np.ndarray, train_end: np.ndarray, max_len: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(start, end, user) of every window of targets, as flat indices into the item array.
+    offsets: np.ndarray, train_end: np.ndarray, max_len: int, stride: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(context, start, end, user) of every window, as flat indices into the item array.
 
-    A window's targets are events [start, end); its inputs are [start - 1, end - 1).
+    A window's targets are events [start, end), at most `stride` of them (0 = max_len);
+    its inputs are [context - 1, end - 1), at most `max_len` of them.
     """
+    stride = stride or max_len
+    if not 1 <= stride <= max_len:
+        raise ValueError(f"stride must be in [1, max_len={max_len}], got {stride}")
     first_target = offsets[:-1] + 1
     last = offsets[:-1] + train_end  # one past the last training event
     n_targets = np.maximum(last - first_target, 0)
-    n_windows = -(-n_targets // max_len)  # ceil
+    n_windows = -(-n_targets // stride)  # ceil
     user = np.repeat(np.arange(len(n_targets)), n_windows)
-    # window j of a user (j = 0 most recent) ends at last - j * max_len
+    # window j of a user (j = 0 most recent) ends at last - j * stride
     j = np.arange(n_windows.sum()) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)
-    end = last[user] - j * max_len
-    start = np.maximum(end - max_len, first_target[user])
-    return start, end, user
+    end = last[user] - j * stride
+    start = np.maximum(end - stride, first_target[user])
+    context = np.maximum(end - max_len, first_target[user])
+    return context, start, end, user
 
 
-def _gather(flat: np.ndarray, start: np.ndarray, end: np.ndarray, shift: int = 0) -> np.ndarray:
-    """Left-padded (B, Lb) matrix of flat[start+shift : end+shift] per row; 0 = PAD."""
-    width = int((end - start).max()) if len(start) else 0
+def _gather(
+    flat: np.ndarray, start: np.ndarray, end: np.ndarray, shift: int = 0, width: int | None = None
+) -> np.ndarray:
+    """Left-padded (B, width) matrix of flat[start+shift : end+shift] per row; 0 = PAD (width: the longest row)."""
+    if width is None:
+        width = int((end - start).max()) if len(start) else 0
     idx = end[:, None] - width + np.arange(width)[None, :]
     keep = idx >= start[:, None]
     return np.where(keep, flat[np.where(keep, idx + shift, 0)], 0)
@@ -84,9 +97,10 @@ def bucketed_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
 class TrainBatches:
     """Iterable over one epoch of next-item training batches."""
 
-    def __init__(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int) -> None:
+    def __init__(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int, stride: int = 0) -> None:
         self.items = data.items.astype(np.int64)
-        self.start, self.end, self.user = training_windows(data.offsets, data.train_end(), max_len)
+        self.context, self.start, self.end, self.user = training_windows(
+            data.offsets, data.train_end(), max_len, stride)
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
 
@@ -98,11 +112,12 @@ class TrainBatches:
         return -(-len(self.start) // self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        for rows in bucketed_order(self.end - self.start, self.batch_size, self.rng):
-            s, e = self.start[rows], self.end[rows]
+        for rows in bucketed_order(self.end - self.context, self.batch_size, self.rng):
+            c, s, e = self.context[rows], self.start[rows], self.end[rows]
+            inputs = _gather(self.items, c, e, shift=-1)
             yield Batch(
-                items=torch.from_numpy(_gather(self.items, s, e, shift=-1)),
-                targets=torch.from_numpy(_gather(self.items, s, e)),
+                items=torch.from_numpy(inputs),
+                targets=torch.from_numpy(_gather(self.items, s, e, width=inputs.shape[1])),
                 users=torch.from_numpy(self.user[rows]),
             )
 

@@ -113,7 +113,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     opt = make_optimizer(model, cfg)
     batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
     if batches is None:
-        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed)  # every window, every position
+        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride)  # every target
     metric = selection_metric(cfg.eval.ks)
     best, best_epoch, bad, start = -1.0, 0, 0, time.perf_counter()
     ckpt = run_dir / "checkpoint"
