@@ -26,6 +26,7 @@ from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
+from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
@@ -92,7 +93,7 @@ class BERT4Rec(SequentialModel):
         d = config.d
         self.item_emb = nn.Embedding(n_items + 2, d, padding_idx=0)  # rows: PAD, items 1..N, MASK
         self.pos_emb = make_positions(config.positions, max_len, d)
-        self.emb_ln, self.emb_drop = nn.LayerNorm(d), nn.Dropout(config.dropout)
+        self.emb_ln, self.emb_drop = nn.LayerNorm(d), Dropout(config.dropout)
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))  # BERT's output transform

@@ -36,6 +36,7 @@ from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
+from seqrec.nn.dropout import Dropout
 from seqrec.nn.objective import Objective, check_loss_config
 
 
@@ -123,7 +124,7 @@ class GRU4Rec(SequentialModel):
         nn.init.normal_(self.item_emb.weight, std=config.init_std)
         with torch.no_grad():
             self.item_emb.weight[0].zero_()
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.gru = nn.GRU(d, d, config.n_layers, batch_first=True)
         self.bias = nn.Parameter(torch.zeros(n_items + 1))
         self.objective = Objective(config, n_items)

@@ -24,6 +24,7 @@ from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.models.base import SequentialModel
+from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
@@ -64,7 +65,7 @@ class SASRec(SequentialModel):
         d = config.d
         self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0)
         self.pos_emb = make_positions(config.positions, max_len, d)
-        self.emb_drop = nn.Dropout(config.dropout)
+        self.emb_drop = Dropout(config.dropout)
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None

@@ -27,6 +27,7 @@ from seqrec.data.text import TextOptions, text_embeddings
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.adaptors import MoEAdaptor, Whitening
+from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import right_aligned_positions
 from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
@@ -93,7 +94,7 @@ class UniSRec(SequentialModel):
                                    if config.adaptor == "moe" else Whitening(config.text_dim, d))
         self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0) if config.item_ids else None
         self.pos_emb = nn.Embedding(max_len, d)
-        self.in_ln, self.drop = nn.LayerNorm(d), nn.Dropout(config.dropout)
+        self.in_ln, self.drop = nn.LayerNorm(d), Dropout(config.dropout)
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         for module in (self.pos_emb, self.encoder, *([self.item_emb] if self.item_emb is not None else [])):

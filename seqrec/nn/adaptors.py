@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seqrec.nn.dropout import Dropout
+
 
 def svd_whitening(x: torch.Tensor, d_out: int, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean (D_text,), W (D_text, d_out)) such that (x - mean) @ W has identity covariance."""
@@ -31,7 +33,7 @@ class PWLayer(nn.Module):
 
     def __init__(self, d_in: int, d_out: int, dropout: float) -> None:
         super().__init__()
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.bias = nn.Parameter(torch.zeros(d_in))
         self.lin = nn.Linear(d_in, d_out, bias=False)
         nn.init.normal_(self.lin.weight, std=0.02)

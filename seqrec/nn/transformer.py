@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqrec.errors import SeqrecError
+from seqrec.nn.dropout import Dropout, dropout
 
 
 def check_encoder_config(cfg: Any) -> None:
@@ -47,9 +48,15 @@ class SelfAttention(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, D/H)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )
+        if self.training and self.dropout > 0 and x.device.type == "cpu":
+            # SDPA draws its dropout mask with bernoulli_, slow on CPU: same computation, byte-mask dropout
+            att = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+            y = dropout(att, self.dropout, True) @ v
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            )
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
@@ -63,9 +70,9 @@ class Block(nn.Module):
                  norm_first: bool) -> None:
         super().__init__()
         self.attn = SelfAttention(d, n_heads, attn_dropout)
-        self.ffn = nn.Sequential(nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d))
+        self.ffn = nn.Sequential(nn.Linear(d, d_ff), nn.GELU(), Dropout(dropout), nn.Linear(d_ff, d))
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
