@@ -151,12 +151,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = resolve(raw, overrides)
     data = PreparedDataset.load(resolve_dataset(args.dataset or cfg.data.dataset))
     device = pick_device(cfg.train.device)
-    model, meta = load_checkpoint(run / "checkpoint", device)
-    if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
-        raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
-                          f"but {data.path} has {data.fingerprint}")
     results: dict[str, Any] = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}
     for split in ("valid", "test"):
+        # a refitted run tests the refit, and validates the validation-chosen model it was refitted from
+        name = "checkpoint-selected" if split == "valid" and cfg.train.refit else "checkpoint"
+        model, meta = load_checkpoint(run / name, device)
+        if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
+            raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
+                              f"but {data.path} has {data.fingerprint}")
         results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
     print_metrics(results)
     return 0

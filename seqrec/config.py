@@ -54,6 +54,7 @@ class TrainConfig:
     eval_every: int = 1
     progress: bool = True
     time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
+    refit: bool = False  # after choosing the epoch count on validation, retrain on train + valid events and test that
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):

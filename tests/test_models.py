@@ -184,3 +184,25 @@ def test_fit_feeds_gru4rec_session_parallel_batches(tiny_dataset: PreparedDatase
                        "model.d=16", "model.session_parallel=true", "train.epochs=1", "train.progress=false"])
     results = fit(cfg, tiny_dataset, tmp_path / "run")
     assert results["checkpoint"]["epoch"] == 1 and 0 <= results["test"]["recall@10"] <= 1
+
+
+def test_refit_trains_on_validation_events_and_tests_the_refit(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    from seqrec.config import resolve
+    from seqrec.train.checkpoint import load_checkpoint
+    from seqrec.train.loop import fit
+
+    full = tiny_dataset.with_valid_as_training()
+    assert (full.train_end() == tiny_dataset.split[:, 1]).all()  # the validation event is now a training target
+    assert (TrainBatches(full, 8, 16, seed=0).n_targets
+            == TrainBatches(tiny_dataset, 8, 16, seed=0).n_targets + int((tiny_dataset.split[:, 0] >= 0).sum()))
+    sets = [f'data.dataset="{tiny_dataset.path}"', "data.max_len=8", 'model.name="sasrec"', "model.d=16",
+            "train.epochs=2", "train.patience=5", "train.progress=false"]
+    plain = fit(resolve({}, sets), tiny_dataset, tmp_path / "plain")
+    refit = fit(resolve({}, [*sets, "train.refit=true"]), tiny_dataset, tmp_path / "refit")
+    assert refit["protocol"]["refit"] and "trained again" in refit["protocol"]["model_selection"]
+    # validation metrics come from the same validation-chosen model, the test from a different one
+    assert refit["valid"] == plain["valid"] and refit["checkpoint"] == plain["checkpoint"]
+    selected, _ = load_checkpoint(tmp_path / "refit" / "checkpoint-selected", "cpu")
+    tested, meta = load_checkpoint(tmp_path / "refit" / "checkpoint", "cpu")
+    assert meta["refit"] and meta["epoch"] == refit["checkpoint"]["epoch"]
+    assert not torch.equal(selected.item_embeddings(), tested.item_embeddings())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,12 @@ class PreparedDataset:
         if self._item_table is None:
             self._item_table = pl.read_parquet(self.path / "items.parquet")
         return self._item_table
+
+    def with_valid_as_training(self) -> PreparedDataset:
+        """The same data with each user's validation event moved into training (for a refit before test)."""
+        split = self.split.copy()
+        split[:, 0] = -1
+        return replace(self, split=split)
 
     def train_end(self) -> np.ndarray:
         """(U,) number of leading events of each user that are training data."""

@@ -4,7 +4,8 @@ Early stopping watches validation NDCG@10; the best checkpoint is the one that
 is tested, once, at the end. A run folder holds:
     config.json      the resolved config
     metrics.jsonl    one line per epoch (loss, throughput, validation metrics)
-    checkpoint/      best weights (safetensors + JSON)
+    checkpoint/      best weights (safetensors + JSON); with train.refit, the refitted model
+    checkpoint-selected/  with train.refit only: the validation-chosen model
     results.json     validation and test metrics of the best epoch, with the protocol
     curve.png        the learning curve
 """
@@ -15,6 +16,7 @@ import json
 import logging
 import random
 import resource
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,17 +105,9 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    seed_everything(cfg.train.seed)
     device = pick_device(cfg.train.device)
     L = cfg.data.max_len
-    model = (model or build_model_for(cfg.model, data, L)).to(device)
-    model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
-    if init_items_from is not None:
-        init_item_embeddings(model, init_items_from, data)
-    opt = make_optimizer(model, cfg)
-    batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
-    if batches is None:
-        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride)  # every target
+    model, opt, batches = setup(cfg, data, device, model, init_items_from)
     metric = selection_metric(cfg.eval.ks)
     best, best_epoch, bad, start = -1.0, 0, 0, time.perf_counter()
     ckpt = run_dir / "checkpoint"
@@ -145,9 +139,17 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         if cfg.train.time_budget_s and row["elapsed_s"] > cfg.train.time_budget_s:
             log.info("time budget of %.0f s reached", cfg.train.time_budget_s)
             break
-    train_seconds = time.perf_counter() - start
     best_model, _ = load_checkpoint(ckpt, device)
-    results = final_results(best_model, data, cfg, device, best_epoch, history, train_seconds)
+    test_model = best_model
+    if cfg.train.refit:
+        selected = run_dir / "checkpoint-selected"
+        shutil.rmtree(selected, ignore_errors=True)
+        ckpt.rename(selected)
+        test_model = refit(cfg, data, device, best_epoch, init_items_from)
+        save_checkpoint(test_model, ckpt, max_len=L, item_table=data.item_table,
+                        extra={"epoch": best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
+    train_seconds = time.perf_counter() - start
+    results = final_results(best_model, test_model, data, cfg, device, best_epoch, history, train_seconds)
     if init_items_from is not None:
         results["init_items_from"] = str(init_items_from)
     write_json_atomic(run_dir / "results.json", results)
@@ -155,18 +157,53 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     return results
 
 
-def final_results(model: SequentialModel, data: PreparedDataset, cfg: RunConfig, device: torch.device,
-                  best_epoch: int, history: list[dict[str, Any]], train_seconds: float) -> dict[str, Any]:
-    """Validation and test metrics of the chosen checkpoint; the test split is read here only."""
+def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: SequentialModel | None = None,
+          init_items_from: Path | None = None) -> tuple[SequentialModel, torch.optim.Optimizer, EpochBatches]:
+    """A seeded model (or the one given), its optimizer and its epoch feeder, for training on `data`."""
+    seed_everything(cfg.train.seed)
+    L = cfg.data.max_len
+    model = (model or build_model_for(cfg.model, data, L)).to(device)
+    model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
+    if init_items_from is not None:
+        init_item_embeddings(model, init_items_from, data)
+    opt = make_optimizer(model, cfg)
+    batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
+    if batches is None:
+        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride)  # every target
+    return model, opt, batches
+
+
+def refit(cfg: RunConfig, data: PreparedDataset, device: torch.device, epochs: int,
+          init_items_from: Path | None = None) -> SequentialModel:
+    """A fresh model, same seed and config, trained for the validation-chosen number of epochs on
+    training + validation events (each user's validation item becomes a training target). No
+    evaluation happens during the refit; the test split is still read once, afterwards."""
+    full = data.with_valid_as_training()
+    model, opt, batches = setup(cfg, full, device, None, init_items_from)
+    for epoch in range(1, epochs + 1):
+        stats = train_epoch(model, batches, opt, cfg, device, epoch)
+        log.info("refit epoch %d/%d loss %.4f %.0f targets/s", epoch, epochs, stats.loss, stats.targets_per_s)
+    return model
+
+
+def final_results(model: SequentialModel, test_model: SequentialModel, data: PreparedDataset, cfg: RunConfig,
+                  device: torch.device, best_epoch: int, history: list[dict[str, Any]],
+                  train_seconds: float) -> dict[str, Any]:
+    """Validation metrics of the chosen checkpoint and test metrics of `test_model` (the same model, or
+    its refit on training + validation events); the test split is read here only."""
     L = cfg.data.max_len
     valid = evaluate(model, data, "valid", L, cfg.eval, device)
-    test = evaluate(model, data, "test", L, cfg.eval, device)
+    test = evaluate(test_model, data, "test", L, cfg.eval, device)
+    selection = f"best validation {selection_metric(cfg.eval.ks)}"
+    if cfg.train.refit:
+        selection += (f"; the tested model was then trained again from scratch for {best_epoch} epochs on "
+                      "training + validation events")
     return {
         "seqrec_version": __version__,
         "model": cfg.model.name,
         "dataset": data.meta["name"],
-        "protocol": {**protocol(data, cfg.eval, "test", L),
-                     "model_selection": f"best validation {selection_metric(cfg.eval.ks)}"},
+        "protocol": {**protocol(data, cfg.eval, "test", L), "model_selection": selection,
+                     "refit": cfg.train.refit},
         "checkpoint": {"epoch": best_epoch, "path": "checkpoint"},
         "valid": valid,
         "test": test,
