@@ -62,8 +62,11 @@ def speed(d: dict[str, Any]) -> list[str]:
     if "recbole_epoch_cap" in d:
         lines += ["", f"RecBole was capped at {d['recbole_epoch_cap']} epochs (recorded in the file); its best "
                   "validation NDCG@10 is the best within the cap. A seqrec sample is a window of up to max_len "
-                  "targets, a RecBole sample is one prefix: batch 256 is the same number of samples but many "
-                  "times the targets."]
+                  "targets, a RecBole sample is one prefix (one target), so seqrec's batch sizes are given per run; "
+                  "`stride` < 50 means overlapping windows that take the loss on their last `stride` targets."]
+    if d.get("side_by_side"):
+        lines += ["", "The libraries ran side by side, one thread each: RecBole on one core while the seqrec runs "
+                  "went one after another on the other."]
     for name, r in d["runs"].items():
         if r.get("ratio_vs_recbole_time_to_best") is not None:
             lines.append("")

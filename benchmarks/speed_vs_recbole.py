@@ -3,9 +3,12 @@
 Same data (the RecBole atomic ml-100k files), same protocol (leave-one-out in time
 order, full ranking, valid NDCG@10 for model choice, test read once), same
 hyper-parameters (2 layers, 2 heads, d=64, inner 256, dropout 0.2/0.2, post-LN, GELU,
-lr 1e-3, batch 256, max length 50, CE loss, patience 10, 2 threads). Each library runs
-in its own fresh process, one after the other; the script records wall time, CPU time
-(user + sys, less sensitive to other load on a shared machine) and peak RSS of each,
+lr 1e-3, max length 50, CE loss, patience 10, 1 thread each). Batch size: RecBole's 256
+prefixes per step (one target each); seqrec's batch is a number of windows of up to 50
+targets, so its batch sizes are listed per run, with the window stride (`data.stride`).
+Each library runs in its own fresh process; with --parallel (the default) RecBole runs
+on one core while the seqrec runs go one after another on the other, so both see the
+same machine. The script records wall time, CPU time (user + sys) and peak RSS of each,
 and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
 
     bash benchmarks/setup_recbole.sh
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +31,19 @@ from common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
 
 RECBOLE_PY = ROOT / "benchmarks" / ".venv-recbole" / "bin" / "python"
 HP = {"n_layers": 2, "n_heads": 2, "d": 64, "d_ff": 256, "dropout": 0.2, "attn_dropout": 0.2, "lr": 1e-3,
-      "batch_size": 256, "max_len": 50, "patience": 10, "epochs": 200, "seed": 2020, "threads": 2}
+      "batch_size": 256, "max_len": 50, "patience": 10, "epochs": 200, "seed": 2020, "threads": 1}
 
 
 def timed(cmd: list[str], log: Path) -> dict[str, float]:
-    """Run `cmd` to completion; wall seconds, CPU seconds and peak RSS of that child."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Run `cmd` to completion; wall seconds and CPU seconds (user + sys) of that child."""
     t0 = time.perf_counter()
     with log.open("w") as fh:
-        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    # ru_maxrss of RUSAGE_CHILDREN is the largest child so far, not this one: each run reports its own peak.
-    return {"wall_s": wall, "cpu_s": cpu, "children_max_rss_mb": after.ru_maxrss / 1024}
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{cmd[0]} failed; see {log}")
+    # the peak RSS of each run is recorded by that process itself (resource usage of children is shared)
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 def run_recbole(out: Path, epochs: int) -> dict[str, Any]:
@@ -55,7 +58,7 @@ def run_recbole(out: Path, epochs: int) -> dict[str, Any]:
     return {"process": proc, "result": json.loads(out.read_text())}
 
 
-def run_seqrec(run_dir: Path, batch_size: int) -> dict[str, Any]:
+def run_seqrec(run_dir: Path, batch_size: int, stride: int) -> dict[str, Any]:
     from seqrec.data.catalog import load_known
     from seqrec.data.prepare import PrepareOptions, prepare
 
@@ -65,6 +68,7 @@ def run_seqrec(run_dir: Path, batch_size: int) -> dict[str, Any]:
             f"model.d={HP['d']}", f"model.n_layers={HP['n_layers']}", f"model.n_heads={HP['n_heads']}",
             f"model.d_ff={HP['d_ff']}", f"model.dropout={HP['dropout']}", f"model.attn_dropout={HP['attn_dropout']}",
             "model.norm_first=false", f"train.lr={HP['lr']}", f"train.batch_size={batch_size}",
+            f"data.stride={stride}",
             f"train.epochs={HP['epochs']}", f"train.patience={HP['patience']}", f"train.seed={HP['seed']}",
             f"train.threads={HP['threads']}", "train.progress=false"]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
@@ -84,15 +88,23 @@ def time_to_reach(epochs: list[dict[str, Any]], target: float) -> float | None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seqrec-batches", default="256,32",
-                   help="seqrec batch sizes to run; a seqrec sample is a window of up to max_len targets, "
+    p.add_argument("--seqrec-runs", default="64:25,64:0,256:0",
+                   help="seqrec runs as batch:stride; a seqrec sample is a window of up to max_len targets, "
                         "a RecBole sample is one prefix (one target)")
+    p.add_argument("--sequential", action="store_true", help="run RecBole first, then seqrec (default: side by side)")
     p.add_argument("--recbole-epochs", type=int, default=HP["epochs"],
                    help="cap RecBole's epochs (recorded); the target is then its best within the cap")
     args = p.parse_args()
     out_dir = WORK / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
-    rb = run_recbole(out_dir / "recbole-sasrec.json", args.recbole_epochs)
+    seqrec_runs = [tuple(int(x) for x in r.split(":")) for r in args.seqrec_runs.split(",")]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        rb_future = pool.submit(run_recbole, out_dir / "recbole-sasrec.json", args.recbole_epochs)
+        if args.sequential:
+            rb_future.result()
+        sq_runs = {f"seqrec-batch{bs}-stride{st}": (bs, st, run_seqrec(out_dir / f"seqrec-b{bs}-s{st}", bs, st))
+                   for bs, st in seqrec_runs}
+        rb = rb_future.result()
     rb_epochs = rb["result"]["epochs"]
     rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
     rb_best_at = min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best)
@@ -100,17 +112,17 @@ def main() -> None:
                                         "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
                                         "time_to_best_s": rb_best_at, "epochs_run": len(rb_epochs),
                                         "test": rb["result"].get("test")}}
-    for bs in (int(b) for b in args.seqrec_batches.split(",")):
-        name = f"seqrec-batch{bs}"
-        sq = run_seqrec(out_dir / name, bs)
+    for name, (bs, st, sq) in sq_runs.items():
         reach = time_to_reach(sq["epochs"], rb_best)
-        rows[name] = {**sq["process"], "batch_size": bs, "self_peak_rss_mb": sq["result"]["peak_rss_mb"],
+        rows[name] = {**sq["process"], "batch_size": bs, "stride": st,
+                      "self_peak_rss_mb": sq["result"]["peak_rss_mb"],
                       "best_valid_ndcg@10": sq["result"]["valid"]["ndcg@10"],
                       "epochs_run": sq["result"]["epochs_run"], "test": sq["result"]["test"],
                       "time_to_reach_recbole_best_s": reach,
                       "ratio_vs_recbole_total_wall": None if reach is None else reach / rb["process"]["wall_s"],
                       "ratio_vs_recbole_time_to_best": None if reach is None else reach / rb_best_at}
     result = {"hyperparameters": HP, "recbole_epoch_cap": args.recbole_epochs,
+              "side_by_side": not args.sequential,
               "protocol": rb["result"].get("protocol"), "runs": rows, "machine": machine(),
               "note": "elapsed times include per-epoch validation for both libraries"}
     write_result(RESULTS / "speed_vs_recbole.json", result)
