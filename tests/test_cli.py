@@ -95,3 +95,20 @@ def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> Non
     ]:
         code, _, err = run(capsys, "recommend", str(run_dir), *argv)
         assert code == 2 and message in err, err
+
+
+def test_evaluate_a_refitted_run(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`evaluate` on a refit run validates the selected checkpoint and tests the refit, as training did."""
+    run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    run_dir = home / "refit"
+    code, out, _ = run(capsys, "train", "--dataset", "toy", "--model", "sasrec", "--out", str(run_dir),
+                       "--set", "train.epochs=3", "--set", "model.d=16", "--set", "data.max_len=8",
+                       "--set", "train.progress=false", "--set", "train.refit=true")
+    assert code == 0, out
+    results = json.loads((run_dir / "results.json").read_text())
+    code, out, _ = run(capsys, "evaluate", str(run_dir))
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("valid", "test"))}
+    assert f"{results['valid']['recall@10']:.4f}" in rows["valid"]
+    assert f"{results['test']['recall@10']:.4f}" in rows["test"]
