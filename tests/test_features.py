@@ -3,6 +3,7 @@ and the same features (and output bias) in training, evaluation and recommendati
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,26 @@ def test_feature_block_rejects_a_wrong_item_table(tmp_path: Path) -> None:
     assert inputs is not None
     with pytest.raises(SeqrecError, match="table shape"):
         FeatureBlock(inputs, data.n_items + 5, 8)
+
+
+def test_cli_trains_and_recommends_with_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from seqrec.cli import main
+
+    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
+    data = prepared(tmp_path, "toy")
+    assert main(["data", "features", str(data.path)]) == 0
+    assert 'name = "genre"' in capsys.readouterr().out
+    run_dir = tmp_path / "run"
+    fields = ('[{name="gap", level="event", kind="continuous", transform="log1p"}, '
+              '{name="genre", level="item", kind="multi_categorical"}]')
+    code = main(["train", "--dataset", str(data.path), "--model", "gru4rec", "--out", str(run_dir),
+                 "--set", "train.epochs=2", "--set", "model.d=8", "--set", "data.max_len=8",
+                 "--set", "train.progress=false", "--set", f"features.fields={fields}"])
+    assert code == 0
+    meta = json.loads((run_dir / "checkpoint" / "model.json").read_text())
+    assert [f["spec"]["name"] for f in meta["features"]["fields"]] == ["gap", "genre"]
+    capsys.readouterr()
+    assert main(["recommend", str(run_dir), "--user", "u3", "-k", "2"]) == 0
+    assert "top 2" in capsys.readouterr().out
+    assert main(["recommend", str(run_dir), "--history", "i1 i2", "--times", "0 60", "-k", "2"]) == 0
