@@ -238,7 +238,9 @@ def infer_features(data: PreparedDataset, encoding: str = "soft_one_hot") -> lis
     specs: list[FeatureSpec] = []
     if data.times is not None:
         specs.append(FeatureSpec("gap", "event", "continuous", enc, transform="log1p"))
-        specs.append(FeatureSpec("hour", "event", "categorical", "embedding"))
+        hours = event_values("hour", data.times, np.zeros(len(data.times), dtype=bool), {})
+        if len(np.unique(hours)) > 1:  # dates without a time of day (diginetica) carry no hour
+            specs.append(FeatureSpec("hour", "event", "categorical", "embedding"))
     path = data.path / "events.parquet"
     if path.exists():
         frame = pl.read_parquet(path)
@@ -266,6 +268,10 @@ def describe(specs: Sequence[FeatureSpec]) -> str:
                   f'encoding = "{s.encoding}"']
         if s.transform != "none":
             lines.append(f'transform = "{s.transform}"')
+        if s.encoding in ("soft_one_hot", "bucket"):
+            lines.append(f"size = {s.size}")
+        if s.kind == "multi_categorical":
+            lines += [f'sep = "{s.sep}"', f"max_values = {s.max_values}"]
         lines.append("")
     return "\n".join(lines)
 
