@@ -147,6 +147,8 @@ def history_batch(histories: list[list[int]], max_len: int,
     """Left-padded batch from lists of item indices (most recent last); `events[i]` holds row i's
     event feature values, one per history item."""
     lengths = np.array([min(len(h), max_len) for h in histories], dtype=np.int64)
+    if lengths.max(initial=0) == 0:  # only empty histories: one padding column
+        return Batch(items=torch.zeros((len(histories), 1), dtype=torch.long))
     end = np.cumsum(lengths)
     rows = zip(histories, lengths, strict=True)
     flat = np.concatenate([np.asarray(h[len(h) - n :], dtype=np.int64) for h, n in rows])
@@ -156,6 +158,4 @@ def history_batch(histories: list[list[int]], max_len: int,
                                           for h, n, ev in zip(histories, lengths, events, strict=True)])
                        for k in events[0]}
     start = end - lengths
-    if lengths.max(initial=0) == 0:  # only empty histories: one padding column
-        return Batch(items=torch.zeros((len(histories), 1), dtype=torch.long))
     return Batch(items=torch.from_numpy(_gather(flat, start, end)), events=_gather_events(flat_events, start, end))
