@@ -133,7 +133,8 @@ def features(d: dict[str, Any]) -> list[str]:
             "and command). Test metrics, mean ± sample std over seeds. ml-100k: time gap (log1p), release year "
             "(continuous, the variant's encoding) and genres (multi-valued embedding); diginetica-sample: time "
             "gap. d=64, one block (SASRec) or one GRU layer, full CE, patience 5, and a training-time budget per "
-            "run, equal for every variant of a dataset. Commands: " + "; ".join(f"`{c}`" for c in commands), "",
+            "run, equal for every variant of a (dataset, model) pair. Commands: "
+            + "; ".join(f"`{c}`" for c in commands), "",
             *_summary_table(d)]
 
 
