@@ -128,6 +128,40 @@ def unisrec(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _mean_std(cell: dict[str, Any], metric: str) -> str:
+    return f"{cell[metric]['mean']:.4f} ± {cell[metric]['std']:.4f}"
+
+
+def _summary_table(d: dict[str, Any]) -> list[str]:
+    lines = ["| dataset / model / variant | seeds | R@10 | N@10 | R@50 | N@50 | parameters | runs stopped by budget |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, cell in d["summary"].items():
+        metrics = [_mean_std(cell, m) for m in ("recall@10", "ndcg@10", "recall@50", "ndcg@50")]
+        lines.append(f"| {key} | {len(cell['seeds'])} | " + " | ".join(metrics)
+                     + f" | {cell['n_parameters']:,} | {cell['stopped_by_budget']}/{len(cell['seeds'])} |")
+    return lines
+
+
+def features(d: dict[str, Any]) -> list[str]:
+    commands = sorted({r["command"] for r in d["runs"].values()})
+    return ["## Side features: none vs soft one-hot vs linear vs bucketised", "",
+            "Script: `benchmarks/features.py features`; file: `results/features.json` (every run, its config "
+            "and command). Test metrics, mean ± sample std over seeds. ml-100k: time gap (log1p), release year "
+            "(continuous, the variant's encoding) and genres (multi-valued embedding); diginetica-sample: time "
+            "gap. d=64, one block (SASRec) or one GRU layer, full CE, patience 5, and a training-time budget per "
+            "run, equal for every variant of a (dataset, model) pair. Commands: "
+            + "; ".join(f"`{c}`" for c in commands), "",
+            *_summary_table(d)]
+
+
+def output_layer(d: dict[str, Any]) -> list[str]:
+    commands = sorted({r["command"] for r in d["runs"].values()})
+    return ["## Output layer: tied + bias vs tied vs untied (SASRec)", "",
+            "Script: `benchmarks/features.py output`; file: `results/output_layer.json`. d=64, one block, full CE, "
+            "patience 5, equal training-time budget per run. Commands: " + "; ".join(f"`{c}`" for c in commands), "",
+            *_summary_table(d)]
+
+
 SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("sasrec_quality.json", sasrec_quality),
     ("speed_vs_recbole.json", speed),
@@ -135,7 +169,10 @@ SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("zoo.json", lambda d: model_table("Model zoo", "zoo.py", "zoo.json", d)),
     ("loss_compare.json", lambda d: model_table("SASRec losses", "loss_compare.py", "loss_compare.json", d)),
     ("unisrec.json", unisrec),
+    ("features.json", features),
+    ("output_layer.json", output_layer),
 ]
+HEADLINE = ("sasrec_quality.json", "speed_vs_recbole.json", "features.json", "output_layer.json")
 README = ROOT / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -168,7 +205,7 @@ def main() -> None:
             lines += [*render(data), ""]
     OUT.write_text("\n".join(lines))
     headline: list[str] = []
-    for name, render in SECTIONS[:2]:
+    for name, render in [(n, r) for n, r in SECTIONS if n in HEADLINE]:
         data = merged("sasrec_quality") if name == "sasrec_quality.json" else load(name)
         if data is not None:
             headline += [line.replace("## ", "### ", 1) if line.startswith("## ") else line

@@ -102,6 +102,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_features(args: argparse.Namespace) -> int:
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.features import describe, infer_features
+
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    print(f"# side features inferred from {data.meta['name']}; put the ones you want in the run config")
+    print(describe(infer_features(data, args.encoding)))
+    return 0
+
+
 def print_metrics(results: dict[str, Any]) -> None:
     ks = results["protocol"]["ks"]
     names = ("recall", "ndcg", "mrr")
@@ -164,8 +174,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def user_history(run: Path, user: str) -> list[str]:
-    """A user's full raw item history, from the prepared dataset the run was trained on."""
+def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, dict[str, list[float]]]:
+    """A user's full raw item history, its timestamps and extra event columns (rating, ...),
+    from the prepared dataset the run was trained on."""
     import polars as pl
 
     from seqrec.data.dataset import PreparedDataset
@@ -179,8 +190,15 @@ def user_history(run: Path, user: str) -> list[str]:
     if match.height == 0:
         raise SeqrecError(f"unknown user {user!r} in {data.path}")
     u = int(match["idx"][0])
+    lo, hi = int(data.offsets[u]), int(data.offsets[u + 1])
     raw = data.item_table.sort("idx")["item"].to_list()
-    return [raw[i - 1] for i in data.items[data.offsets[u] : data.offsets[u + 1]]]
+    times = None if data.times is None else data.times[lo:hi].tolist()
+    events: dict[str, list[float]] = {}
+    if (data.path / "events.parquet").exists():
+        frame = pl.read_parquet(data.path / "events.parquet").slice(lo, hi - lo)
+        events = {c: frame[c].cast(pl.Float64, strict=False).to_list() for c in frame.columns
+                  if frame[c].dtype.is_numeric()}
+    return [raw[i - 1] for i in data.items[lo:hi]], times, events
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -192,7 +210,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if (args.history is None) == (args.user is None):
         raise SeqrecError("give exactly one of --history or --user")
     if args.user is not None:
-        history = user_history(Path(args.run), args.user)
+        history, times, events = user_history(Path(args.run), args.user)
         titles = rec.titles or [None] * rec.n_items
         print(f"user {args.user}: {len(history)} items; the last {min(10, len(history))}:")
         for raw in history[-10:]:
@@ -201,8 +219,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"top {args.k}{' (seen items excluded)' if args.exclude_seen else ''}:")
     else:
         history = args.history.replace(",", " ").split()
+        times = [float(t) for t in args.times.replace(",", " ").split()] if args.times else None
+        events = {}
     candidates = args.candidates.replace(",", " ").split() if args.candidates else None
-    recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates)
+    recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
+                         times=times, events=events)
     for rank, r in enumerate(recs, start=1):
         title = f"  {r.title}" if r.title else ""
         print(f"{rank:>5}  {r.item:<12} {r.score:>9.4f}{title}")
@@ -234,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("dataset")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stats)
+    fe = data.add_parser("features", help="print the side-feature schema inferred from a dataset (TOML)")
+    fe.add_argument("dataset")
+    fe.add_argument("--encoding", choices=["soft_one_hot", "linear", "bucket"], default="soft_one_hot",
+                    help="encoding of the continuous features")
+    fe.set_defaults(fn=cmd_features)
     t = sub.add_parser("train", help="train a model; writes a run folder")
     t.add_argument("--dataset")
     t.add_argument("--model")
@@ -257,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--new-item", action="append", metavar="ID=TEXT",
                    help="an item unseen in training, known by its text (text models such as unisrec)")
     r.add_argument("--candidates", help="rank only these raw item ids")
+    r.add_argument("--times", help="timestamps (seconds) of the --history items, for time features (gap, hour); "
+                   "without them those features are missing")
     r.set_defaults(fn=cmd_recommend)
     add_unisrec_commands(sub)
     return p

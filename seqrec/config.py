@@ -1,6 +1,7 @@
 """Typed configuration: one dataclass per concern, TOML files, dotted overrides.
 
-A run config has four sections, `[data]`, `[model]`, `[train]`, `[eval]`; the
+A run config has the sections `[data]`, `[model]`, `[train]`, `[eval]` and the
+optional `[features]` (side features, see `seqrec.data.features`); the
 `[model]` section's `name` picks the model's own config class from the
 registry. Every key is checked against the dataclass fields: an unknown key or
 a value of the wrong type is a `SeqrecError` naming it.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from seqrec.data.features import FeaturesConfig
 from seqrec.errors import SeqrecError
 
 if sys.version_info >= (3, 11):
@@ -83,6 +85,7 @@ class RunConfig:
     model: Any  # the model's own config dataclass (has a `name` field)
     train: TrainConfig
     eval: EvalConfig
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class RunConfig:
             "model": dataclasses.asdict(self.model),
             "train": dataclasses.asdict(self.train),
             "eval": dataclasses.asdict(self.eval),
+            "features": dataclasses.asdict(self.features),
         }
 
 
@@ -117,6 +121,12 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, list | tuple):
             raise SeqrecError(f"{where}: expected a list, got {value!r}")
         return [_check_value(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise SeqrecError(f"{where}: expected a table, got {value!r}")
+        return build(tp, value, where)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float, str, bool):
@@ -173,9 +183,9 @@ def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
     for text in overrides:
         (section, key), value = parse_override(text)
         raw.setdefault(section, {})[key] = value
-    unknown = sorted(set(raw) - {"data", "model", "train", "eval"})
+    unknown = sorted(set(raw) - {"data", "model", "train", "eval", "features"})
     if unknown:
-        raise SeqrecError(f"unknown config section(s) {unknown}; valid: data, model, train, eval")
+        raise SeqrecError(f"unknown config section(s) {unknown}; valid: data, model, train, eval, features")
     model_raw = dict(raw.get("model", {}))
     name = model_raw.get("name", "sasrec")
     model_raw["name"] = name
@@ -184,4 +194,5 @@ def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
         model=build(model_config_class(name), model_raw, "model"),
         train=build(TrainConfig, raw.get("train", {}), "train"),
         eval=build(EvalConfig, raw.get("eval", {}), "eval"),
+        features=build(FeaturesConfig, raw.get("features", {}), "features"),
     )

@@ -13,11 +13,15 @@ little history; with a smaller stride each window still reads `max_len` inputs
 but takes the loss only on its last `stride` targets, so every target but a
 user's first `max_len - stride` sees at least `max_len - stride` earlier events,
 at `max_len / stride` times the compute.
+
+Event-level side features (`events`: name -> (E,) raw values over the flat event
+array, see `seqrec.data.features`) are sliced exactly like the input items and
+travel in `Batch.events`, aligned with `Batch.items`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,19 +33,22 @@ from seqrec.data.dataset import PreparedDataset
 @dataclass(frozen=True)
 class Batch:
     """items (B, L) inputs; targets (B, L) next items, 0 where none (training);
-    target (B,) the held-out item (evaluation); users (B,) user indices."""
+    target (B,) the held-out item (evaluation); users (B,) user indices;
+    events name -> (B, L) raw event feature values of the input positions (NaN = missing)."""
 
     items: torch.Tensor
     targets: torch.Tensor | None = None
     target: torch.Tensor | None = None
     users: torch.Tensor | None = None
+    events: dict[str, torch.Tensor] | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=True)
 
+        events = None if self.events is None else {k: v.to(device, non_blocking=True) for k, v in self.events.items()}
         return replace(self, items=self.items.to(device, non_blocking=True), targets=move(self.targets),
-                       target=move(self.target), users=move(self.users))
+                       target=move(self.target), users=move(self.users), events=events)
 
 
 def training_windows(
@@ -66,6 +73,14 @@ def training_windows(
     start = np.maximum(end - stride, first_target[user])
     context = np.maximum(end - max_len, first_target[user])
     return context, start, end, user
+
+
+def _gather_events(events: Mapping[str, np.ndarray] | None, start: np.ndarray, end: np.ndarray,
+                   shift: int = 0) -> dict[str, torch.Tensor] | None:
+    """Each event feature sliced like the items: name -> (B, Lb) float32."""
+    if not events:
+        return None
+    return {k: torch.from_numpy(_gather(v, start, end, shift).astype(np.float32)) for k, v in events.items()}
 
 
 def _gather(
@@ -97,8 +112,10 @@ def bucketed_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
 class TrainBatches:
     """Iterable over one epoch of next-item training batches."""
 
-    def __init__(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int, stride: int = 0) -> None:
+    def __init__(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int, stride: int = 0,
+                 events: Mapping[str, np.ndarray] | None = None) -> None:
         self.items = data.items.astype(np.int64)
+        self.events = events
         self.context, self.start, self.end, self.user = training_windows(
             data.offsets, data.train_end(), max_len, stride)
         self.batch_size = batch_size
@@ -119,10 +136,12 @@ class TrainBatches:
                 items=torch.from_numpy(inputs),
                 targets=torch.from_numpy(_gather(self.items, s, e, width=inputs.shape[1])),
                 users=torch.from_numpy(self.user[rows]),
+                events=_gather_events(self.events, c, e, shift=-1),  # aligned with the inputs
             )
 
 
-def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: int) -> Iterator[Batch]:
+def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: int,
+                 events: Mapping[str, np.ndarray] | None = None) -> Iterator[Batch]:
     """Batches of (last `max_len` events before the target, target) for "valid" or "test"."""
     users, pos = data.eval_positions(which)
     flat = data.items.astype(np.int64)
@@ -134,15 +153,24 @@ def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: in
             items=torch.from_numpy(_gather(flat, start[sl], tpos[sl])),
             target=torch.from_numpy(flat[tpos[sl]]),
             users=torch.from_numpy(users[sl]),
+            events=_gather_events(events, start[sl], tpos[sl]),
         )
 
 
-def history_batch(histories: list[list[int]], max_len: int) -> Batch:
-    """Left-padded batch from lists of item indices (most recent last)."""
-    rows = [h[-max_len:] for h in histories]
-    width = max(1, max(len(r) for r in rows))
-    out = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, width - len(r) :] = r
-    return Batch(items=torch.from_numpy(out))
+def history_batch(histories: list[list[int]], max_len: int,
+                  events: Sequence[Mapping[str, np.ndarray]] | None = None) -> Batch:
+    """Left-padded batch from lists of item indices (most recent last); `events[i]` holds row i's
+    event feature values, one per history item."""
+    lengths = np.array([min(len(h), max_len) for h in histories], dtype=np.int64)
+    if lengths.max(initial=0) == 0:  # only empty histories: one padding column
+        return Batch(items=torch.zeros((len(histories), 1), dtype=torch.long))
+    end = np.cumsum(lengths)
+    rows = zip(histories, lengths, strict=True)
+    flat = np.concatenate([np.asarray(h[len(h) - n :], dtype=np.int64) for h, n in rows])
+    flat_events = None
+    if events:
+        flat_events = {k: np.concatenate([np.asarray(ev[k], dtype=np.float64)[len(h) - n :]
+                                          for h, n, ev in zip(histories, lengths, events, strict=True)])
+                       for k in events[0]}
+    start = end - lengths
+    return Batch(items=torch.from_numpy(_gather(flat, start, end)), events=_gather_events(flat_events, start, end))

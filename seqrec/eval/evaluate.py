@@ -11,6 +11,7 @@ import torch
 from seqrec.config import EvalConfig
 from seqrec.data.batching import eval_batches
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import dataset_event_values
 from seqrec.eval.metrics import metrics_from_ranks
 from seqrec.eval.ranking import RankRequest, stream_ranks, user_chunk_size
 from seqrec.models.base import SequentialModel
@@ -41,9 +42,10 @@ def evaluate_ranks(model: SequentialModel, data: PreparedDataset, which: str, ma
     item_emb, bias = model.item_embeddings().detach(), model.item_bias()
     bias = None if bias is None else bias.detach()
     chunk = min(cfg.batch_size, user_chunk_size(data.n_items, cfg.budget))
+    events = dataset_event_values(data, model.event_feature_names())
 
     def requests() -> Iterator[RankRequest]:
-        for batch in eval_batches(data, which, max_len, chunk):
+        for batch in eval_batches(data, which, max_len, chunk, events):
             batch = batch.to(device)
             assert batch.target is not None
             yield RankRequest(model.encode(batch).float(), batch.target, batch.items)

@@ -6,6 +6,8 @@
     loss(batch)        -> scalar   the training objective
     fit_data(data)     -> None     optional: read what training needs from the training split
                                    (item counts, ...) before the first step; called by `fit`
+    feature_block                  optional side-feature block (seqrec.nn.features); models that
+                                   take one accept `features=FeatureInputs` in their constructor
 
 Ranking, evaluation, checkpoints and serving are written once against these.
 """
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from seqrec.data.batching import Batch
 from seqrec.data.dataset import PreparedDataset
+from seqrec.nn.features import FeatureBlock
 
 
 class EpochBatches(Protocol):
@@ -36,6 +39,16 @@ class EpochBatches(Protocol):
 
 class SequentialModel(nn.Module, abc.ABC):
     name: str = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # nn.Module's signature, as subclasses are called
+        super().__init__(*args, **kwargs)
+        # an instance attribute, not a class one: nn.Module keeps submodules in _modules, which a class
+        # attribute of the same name would shadow
+        self.feature_block: FeatureBlock | None = None
+
+    def event_feature_names(self) -> list[str]:
+        """Event-level features the batches must carry (`Batch.events`)."""
+        return [] if self.feature_block is None else list(self.feature_block.event_names)
 
     @abc.abstractmethod
     def encode(self, batch: Batch) -> torch.Tensor:

@@ -3,8 +3,9 @@ from Transformer (Sun et al., CIKM 2019).
 
     x~ = cloze(s): each real item replaced by [MASK] = N+1 with probability p,
          at least one per sequence, the last item alone in a share of sequences
-    H  = Transformer(E[x~] + P)          bidirectional: every position sees every item
-    score(i | masked position l) = GELU-LN(W_h H_l) · E[i] + b_i   tied table, items 1..N only
+    H  = Transformer(F(E[x~], features) + P)   bidirectional; F: side features (a masked
+                                               position's item features read as unknown)
+    score(i | masked position l) = GELU-LN(W_h H_l) · U[i] + b_i   U = E tied (default), items 1..N only
 
 At inference `encode` appends [MASK] after the history and reads its state, the
 same task as the last-item cloze of training. The output is scored against rows
@@ -24,10 +25,12 @@ from torch import nn
 from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import FeatureInputs
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
+from seqrec.nn.features import FeatureBlock
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
@@ -56,6 +59,15 @@ def cloze_mask(seq: torch.Tensor, mask_token: int, p: float, last_share: float,
     return seq.masked_fill(masked, mask_token), seq * masked
 
 
+def with_unknown_last(events: dict[str, torch.Tensor] | None, keep: int) -> dict[str, torch.Tensor] | None:
+    """The last `keep` columns of each event feature plus a missing (NaN) column: the appended position
+    is scored without its own event values, at training as at inference."""
+    if events is None:
+        return None
+    return {k: torch.cat([v[:, v.shape[1] - keep:], torch.full_like(v[:, :1], torch.nan)], dim=1)
+            for k, v in events.items()}
+
+
 @dataclass
 class BERT4RecConfig:
     name: str = "bert4rec"
@@ -75,6 +87,8 @@ class BERT4RecConfig:
     logq: bool = False
     gbce_t: float = 0.75
     init_std: float = 0.02
+    output_bias: bool = True
+    tied: bool = True
 
     def __post_init__(self) -> None:
         check_encoder_config(self)
@@ -86,7 +100,8 @@ class BERT4RecConfig:
 class BERT4Rec(SequentialModel):
     name = "bert4rec"
 
-    def __init__(self, config: BERT4RecConfig, n_items: int, max_len: int) -> None:
+    def __init__(self, config: BERT4RecConfig, n_items: int, max_len: int,
+                 features: FeatureInputs | None = None) -> None:
         super().__init__()
         self.config, self.n_items, self.max_len = config, n_items, max_len
         self.mask_token = n_items + 1
@@ -97,13 +112,18 @@ class BERT4Rec(SequentialModel):
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))  # BERT's output transform
-        self.bias = nn.Parameter(torch.zeros(n_items + 1))
+        self.out_emb = None if config.tied else nn.Embedding(n_items + 1, d, padding_idx=0)
+        self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
         self.objective = Objective(config, n_items)
         self.apply(normal_init(config.init_std))
+        self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
 
-    def hidden(self, items: torch.Tensor) -> torch.Tensor:
+    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, L) left-padded items (may hold MASK) -> (B, L, D) output states; L <= max_len."""
-        x = self.item_emb(items) * math.sqrt(self.config.d)  # as SASRec: items not drowned by positions
+        x = self.item_emb(items)
+        if self.feature_block is not None:  # row N+1 (MASK) of the item feature tables is "unknown"
+            x = self.feature_block(x, items, events)
+        x = x * math.sqrt(self.config.d)  # as SASRec: items not drowned by positions
         x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
         x = self.emb_drop(self.emb_ln(x)) * (items != 0).unsqueeze(-1)
         return self.head(self.encoder(x, attention_mask(items, causal=False)))
@@ -111,10 +131,12 @@ class BERT4Rec(SequentialModel):
     def encode(self, batch: Batch) -> torch.Tensor:
         items = batch.items[:, -(self.max_len - 1):] if self.max_len > 1 else batch.items[:, :0]
         masked = torch.full((items.shape[0], 1), self.mask_token, dtype=items.dtype, device=items.device)
-        return self.hidden(torch.cat([items, masked], dim=1))[:, -1]  # (B, D): the appended [MASK]
+        events = with_unknown_last(batch.events, items.shape[1])
+        return self.hidden(torch.cat([items, masked], dim=1), events)[:, -1]  # (B, D): the appended [MASK]
 
     def item_embeddings(self) -> torch.Tensor:
-        return self.item_emb.weight[: self.n_items + 1]  # tied; the MASK row is never scored
+        table = self.item_emb if self.out_emb is None else self.out_emb
+        return table.weight[: self.n_items + 1]  # tied by default; the MASK row is never scored
 
     def item_bias(self) -> torch.Tensor | None:
         return self.bias
@@ -127,5 +149,6 @@ class BERT4Rec(SequentialModel):
         seq = torch.cat([batch.items, batch.targets[:, -1:]], dim=1)[:, -self.max_len:]  # (B, L'): the window
         inputs, targets = cloze_mask(seq, self.mask_token, self.config.mask_prob, self.config.last_mask_share)
         keep = targets != 0
-        h = self.hidden(inputs)[keep]  # (M, D): masked positions only
+        events = with_unknown_last(batch.events, seq.shape[1] - 1)  # the last target's event: unknown
+        h = self.hidden(inputs, events)[keep]  # (M, D): masked positions only
         return self.objective(h, self.item_embeddings(), self.item_bias(), targets[keep])

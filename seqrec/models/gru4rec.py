@@ -1,9 +1,9 @@
 """GRU4Rec: Session-based Recommendations with Recurrent Neural Networks
 (Hidasi et al., ICLR 2016; Hidasi & Karatzoglou, CIKM 2018; Hidasi & Czapp, RecSys 2023).
 
-    h_l = GRU(E[s_l], h_{l-1}),  h_0 = 0          one state per position
-    score(i | s_1..s_l) = h_l · E[i] + b_i        constrained embeddings: the input
-                                                  table is the output table, plus a bias
+    h_l = GRU(F(E[s_l], features_l), h_{l-1}),  h_0 = 0   one state per position; F: side features
+    score(i | s_1..s_l) = h_l · U[i] + b_i        constrained embeddings (default): U = E, the input
+                                                  table is the output table, plus a bias (both options)
 
 Trained on every position of a sequence at once (next-item targets), with any
 loss of `seqrec.nn.objective`. The official code's default is cross-entropy over
@@ -34,9 +34,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import FeatureInputs
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
+from seqrec.nn.features import FeatureBlock
 from seqrec.nn.objective import Objective, check_loss_config
 
 
@@ -106,6 +108,8 @@ class GRU4RecConfig:
     logq: bool = False
     gbce_t: float = 0.75
     init_std: float = 0.02
+    output_bias: bool = True
+    tied: bool = True
 
     def __post_init__(self) -> None:
         if self.n_layers < 1 or not 0 <= self.dropout < 1:
@@ -116,7 +120,8 @@ class GRU4RecConfig:
 class GRU4Rec(SequentialModel):
     name = "gru4rec"
 
-    def __init__(self, config: GRU4RecConfig, n_items: int, max_len: int) -> None:
+    def __init__(self, config: GRU4RecConfig, n_items: int, max_len: int,
+                 features: FeatureInputs | None = None) -> None:
         super().__init__()
         self.config, self.n_items, self.max_len = config, n_items, max_len
         d = config.d
@@ -126,14 +131,24 @@ class GRU4Rec(SequentialModel):
             self.item_emb.weight[0].zero_()
         self.drop = Dropout(config.dropout)
         self.gru = nn.GRU(d, d, config.n_layers, batch_first=True)
-        self.bias = nn.Parameter(torch.zeros(n_items + 1))
+        self.out_emb = None if config.tied else nn.Embedding(n_items + 1, d, padding_idx=0)
+        if self.out_emb is not None:
+            nn.init.normal_(self.out_emb.weight, std=config.init_std)
+        self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
         self.objective = Objective(config, n_items)
+        if features is not None and config.session_parallel:
+            raise SeqrecError("side features are not supported with model.session_parallel=true")
+        self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
 
-    def hidden(self, items: torch.Tensor) -> torch.Tensor:
+    def embed(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        x = self.item_emb(items)
+        return x if self.feature_block is None else self.feature_block(x, items, events)
+
+    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, L) left-padded items -> (B, L, D); state l has seen items[:, :l+1], pads give 0."""
         n_real = (items != 0).sum(1)
         pad = items.shape[1] - n_real
-        x = roll_rows(self.drop(self.item_emb(items)), pad)  # (B, L, D) right-padded
+        x = roll_rows(self.drop(self.embed(items, events)), pad)  # (B, L, D) right-padded
         packed = pack_padded_sequence(x, n_real.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=items.shape[1])
@@ -151,10 +166,10 @@ class GRU4Rec(SequentialModel):
         return self.drop(torch.cat(outs, dim=1))
 
     def encode(self, batch: Batch) -> torch.Tensor:
-        return self.hidden(batch.items)[:, -1]
+        return self.hidden(batch.items, batch.events)[:, -1]
 
     def item_embeddings(self) -> torch.Tensor:
-        return self.item_emb.weight  # constrained embeddings: input table = output table
+        return (self.item_emb if self.out_emb is None else self.out_emb).weight  # constrained: input = output
 
     def item_bias(self) -> torch.Tensor | None:
         return self.bias
@@ -173,5 +188,5 @@ class GRU4Rec(SequentialModel):
         if self.config.session_parallel:  # also right for left-padded rows: pads end in target 0
             h = self.hidden_with_resets(batch.items, batch.targets)[keep]
         else:
-            h = self.hidden(batch.items)[keep]
+            h = self.hidden(batch.items, batch.events)[keep]
         return self.objective(h, self.item_embeddings(), self.item_bias(), batch.targets[keep])

@@ -1,8 +1,8 @@
 """SASRec: Self-Attentive Sequential Recommendation (Kang & McAuley, ICDM 2018).
 
-    x_l = E[s_l] * sqrt(D) + P[l]            item + position embeddings
-    H   = CausalTransformer(dropout(x))      position l sees s_1..s_l only
-    score(i | s_1..s_l) = H_l · E[i] + b_i   tied input/output embeddings, optional bias
+    x_l = F(E[s_l], features_l) * sqrt(D) + P[l]   item (+ side features, seqrec.nn.features) + position
+    H   = CausalTransformer(dropout(x))             position l sees s_1..s_l only
+    score(i | s_1..s_l) = H_l · U[i] + b_i          U = E (tied, default) or its own table; b optional
 
 Trained on every position of a sequence in one pass, with any loss of
 `seqrec.nn.objective` (model.loss): full-softmax cross-entropy (chunked over
@@ -23,9 +23,11 @@ from torch import nn
 from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import FeatureInputs
 from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, right_aligned_positions
+from seqrec.nn.features import FeatureBlock
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
@@ -42,7 +44,8 @@ class SASRecConfig:
     attn_dropout: float = 0.2
     norm_first: bool = True  # pre-LN; False = the original post-LN
     positions: Literal["learned", "sinusoidal"] = "learned"
-    output_bias: bool = False
+    output_bias: bool = True  # l = hUᵀ + b
+    tied: bool = True  # U = the input item table E; False: a separate output table
     loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
     n_negatives: int = 1  # per positive (bce, gbce) or per batch (sampled_softmax)
     negatives: Literal["uniform", "popularity"] = "uniform"
@@ -59,7 +62,8 @@ class SASRecConfig:
 class SASRec(SequentialModel):
     name = "sasrec"
 
-    def __init__(self, config: SASRecConfig, n_items: int, max_len: int) -> None:
+    def __init__(self, config: SASRecConfig, n_items: int, max_len: int,
+                 features: FeatureInputs | None = None) -> None:
         super().__init__()
         self.config, self.n_items, self.max_len = config, n_items, max_len
         d = config.d
@@ -68,22 +72,27 @@ class SASRec(SequentialModel):
         self.emb_drop = Dropout(config.dropout)
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
+        self.out_emb = None if config.tied else nn.Embedding(n_items + 1, d, padding_idx=0)
         self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
         self.objective = Objective(config, n_items)
         self.apply(normal_init(config.init_std))
+        self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None  # own init
 
-    def hidden(self, items: torch.Tensor) -> torch.Tensor:
-        """(B, L) left-padded items -> (B, L, D) states; state l has seen items[:, :l+1]."""
-        x = self.item_emb(items) * (math.sqrt(self.config.d) if self.config.emb_scale else 1.0)
+    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """(B, L) left-padded items (+ event features) -> (B, L, D) states; state l has seen items[:, :l+1]."""
+        x = self.item_emb(items)
+        if self.feature_block is not None:
+            x = self.feature_block(x, items, events)
+        x = x * (math.sqrt(self.config.d) if self.config.emb_scale else 1.0)
         x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
         x = self.emb_drop(x) * (items != 0).unsqueeze(-1)
         return self.encoder(x, attention_mask(items, causal=True))
 
     def encode(self, batch: Batch) -> torch.Tensor:
-        return self.hidden(batch.items)[:, -1]  # (B, D): the most recent position
+        return self.hidden(batch.items, batch.events)[:, -1]  # (B, D): the most recent position
 
     def item_embeddings(self) -> torch.Tensor:
-        return self.item_emb.weight  # tied: the input table scores the output
+        return (self.item_emb if self.out_emb is None else self.out_emb).weight  # tied: the input table
 
     def item_bias(self) -> torch.Tensor | None:
         return self.bias
@@ -94,5 +103,5 @@ class SASRec(SequentialModel):
     def loss(self, batch: Batch) -> torch.Tensor:
         assert batch.targets is not None, "training batches carry targets"
         keep = batch.targets != 0
-        h = self.hidden(batch.items)[keep]  # (M, D): only positions that have a target
+        h = self.hidden(batch.items, batch.events)[keep]  # (M, D): only positions that have a target
         return self.objective(h, self.item_embeddings(), self.item_bias(), batch.targets[keep])

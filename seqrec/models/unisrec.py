@@ -3,7 +3,7 @@
 
     x_i   = LM(text_i)                                   frozen, a (N+1, D_text) buffer saved in the checkpoint
     v_i   = MoE(x_i) [+ E_id[i] when transductive]       parametric whitening experts + noisy gate (adaptors.py)
-    H     = CausalTransformer(dropout(LN(v_{s_l} + P[l])))
+    H     = CausalTransformer(dropout(LN(F(v_{s_l}, features_l) + P[l])))   F: optional side features
     score(i | s_1..s_l) = cos(H_l, v_i) / τ
 
 Item ids never reach the shared parts: a model pre-trained on some domains is
@@ -23,12 +23,14 @@ from torch import nn
 
 from seqrec.data.batching import Batch
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import FeatureInputs
 from seqrec.data.text import TextOptions, text_embeddings
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.adaptors import MoEAdaptor, Whitening
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import right_aligned_positions
+from seqrec.nn.features import FeatureBlock
 from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
@@ -78,7 +80,7 @@ class UniSRec(SequentialModel):
     name = "unisrec"
 
     def __init__(self, config: UniSRecConfig, n_items: int, max_len: int,
-                 text_emb: torch.Tensor | None = None) -> None:
+                 text_emb: torch.Tensor | None = None, features: FeatureInputs | None = None) -> None:
         super().__init__()
         self.config, self.n_items, self.max_len = config, n_items, max_len
         if text_emb is None:  # filled by load_checkpoint; `from_dataset` passes the real vectors
@@ -102,6 +104,7 @@ class UniSRec(SequentialModel):
         if config.freeze_encoder:
             for module in self.sequence_encoder():
                 module.requires_grad_(False)
+        self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
 
     def sequence_encoder(self) -> list[nn.Module]:
         """The parts shared across domains that inductive fine-tuning keeps frozen."""
@@ -109,12 +112,12 @@ class UniSRec(SequentialModel):
 
     @classmethod
     def from_dataset(cls, config: UniSRecConfig, data: PreparedDataset, max_len: int,
-                     progress: bool = False) -> UniSRec:
+                     progress: bool = False, features: FeatureInputs | None = None) -> UniSRec:
         """Build with `data`'s item text vectors (from the text cache, encoded once if absent)."""
         text = text_embeddings(data, config.text_options(), progress=progress).emb
         if text.shape[1] != config.text_dim:
             raise SeqrecError(f"the text encoder gives {text.shape[1]}-d vectors; set model.text_dim={text.shape[1]}")
-        model = cls(config, data.n_items, max_len, text)
+        model = cls(config, data.n_items, max_len, text, features)
         if config.whitening_init or config.adaptor == "whitening":
             model.adaptor.init_whitening(text[1:], torch.Generator().manual_seed(0))  # type: ignore[operator]
         return model
@@ -128,15 +131,18 @@ class UniSRec(SequentialModel):
         v = v * (uniq != 0).unsqueeze(-1)  # padding is the zero vector
         return v[inverse]
 
-    def hidden(self, items: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(self, items: torch.Tensor, text: torch.Tensor | None = None,
+               events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, L) left-padded items -> (B, L, D) causal states; `text` swaps in another view of the text."""
         x = self.embed_items(items, text)
+        if self.feature_block is not None:
+            x = self.feature_block(x, items, events)
         x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
         x = self.drop(self.in_ln(x)) * (items != 0).unsqueeze(-1)
         return self.encoder(x, attention_mask(items, causal=True))
 
     def encode(self, batch: Batch) -> torch.Tensor:
-        return F.normalize(self.hidden(batch.items)[:, -1], dim=-1)  # (B, D), unit length
+        return F.normalize(self.hidden(batch.items, events=batch.events)[:, -1], dim=-1)  # (B, D), unit length
 
     def item_embeddings(self) -> torch.Tensor:
         ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
@@ -146,7 +152,7 @@ class UniSRec(SequentialModel):
         """Softmax cross-entropy of cos(h, v) / τ over every item, at every position with a target."""
         assert batch.targets is not None, "training batches carry targets"
         keep = batch.targets != 0
-        h = F.normalize(self.hidden(batch.items)[keep], dim=-1)  # (M, D)
+        h = F.normalize(self.hidden(batch.items, events=batch.events)[keep], dim=-1)  # (M, D)
         return full_ce(h, self.item_embeddings(), None, batch.targets[keep])
 
     @torch.no_grad()

@@ -1,4 +1,12 @@
-"""Top-k recommendations for a raw history of item ids, from a saved run or checkpoint."""
+"""Top-k recommendations for a raw history of item ids, from a saved run or checkpoint.
+
+Models with side features use the same features as in training: the item
+features of every history item and candidate come from the checkpoint's item
+tables; event features are derived from the history's `times` (gap, hour) and
+`events` (e.g. rating) exactly as `seqrec.data.features` derives them from a
+prepared log. Values not given are missing, which the model encodes with its
+learned "missing" vector (the policy it was trained with for unknown values).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import torch
 
 from seqrec.data.batching import history_batch
+from seqrec.data.features import DERIVED_EVENTS, event_values
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.train.checkpoint import load_checkpoint
@@ -72,17 +82,41 @@ class Recommender:
             raise SeqrecError(f"unknown item id(s) in history: {shown}" + (" ..." if len(unknown) > 5 else ""))
         return [self.index[h] for h in history]
 
+    def history_events(self, n: int, times: Sequence[float] | None,
+                       events: Mapping[str, Sequence[float]] | None) -> dict[str, np.ndarray]:
+        """Event feature values of an n-item history; what is not given is NaN (missing)."""
+        names = self.model.event_feature_names()
+        if times is not None and len(times) != n:
+            raise SeqrecError(f"times has {len(times)} values for a history of {n} items")
+        given = {k: np.asarray(v, dtype=np.float64) for k, v in (events or {}).items()}
+        bad = [k for k, v in given.items() if len(v) != n]
+        if bad:
+            raise SeqrecError(f"event values {bad} must have one value per history item ({n})")
+        starts = np.arange(n) == 0
+        t = None if times is None else np.asarray(times, dtype=np.float64)
+        missing = np.full(n, np.nan)
+        out = {}
+        for name in names:
+            available = t is not None if name in DERIVED_EVENTS else name in given
+            out[name] = event_values(name, t, starts, given) if available else missing
+        return out
+
     @torch.no_grad()
     def recommend(self, history: Sequence[str], k: int = 10, exclude_seen: bool = False,
-                  candidates: Sequence[str] | None = None) -> list[Recommendation]:
-        """Top-k raw item ids (most recent history item last), best first; only `candidates` when given."""
+                  candidates: Sequence[str] | None = None, times: Sequence[float] | None = None,
+                  events: Mapping[str, Sequence[float]] | None = None) -> list[Recommendation]:
+        """Top-k raw item ids (most recent history item last), best first; only `candidates` when given.
+
+        `times` (seconds) and `events` (name -> one value per history item) feed event features."""
         if not 1 <= k <= self.n_items:
             raise SeqrecError(f"k={k} must be between 1 and the catalogue size {self.n_items}")
         if not history:
             raise SeqrecError("the history is empty; give at least one item id")
         idx = self.to_indices(history)
         device = self.model.item_embeddings().device
-        scores = self.model.score(history_batch([idx], self.max_len).to(device))[0].float()
+        ev = self.history_events(len(idx), times, events)
+        batch = history_batch([idx], self.max_len, [ev] if ev else None)
+        scores = self.model.score(batch.to(device))[0].float()
         scores[0] = -torch.inf
         if candidates is not None:
             allowed = torch.zeros_like(scores, dtype=torch.bool)

@@ -2,7 +2,8 @@
 
 A checkpoint folder is self-contained: loading it needs no other file.
     model.safetensors   weights (tied tensors stored once)
-    model.json          model name, its config, n_items, max_len, dataset fingerprint
+    model.json          model name, its config, n_items, max_len, dataset fingerprint, and the fitted
+                        side-feature schema (vocabularies, normalisation statistics) when there is one
     items.parquet       idx -> raw item id and item fields (title, ...), for serving
 """
 
@@ -19,6 +20,7 @@ from safetensors.torch import load_model, save_model
 
 from seqrec import __version__
 from seqrec.config import build
+from seqrec.data.features import FeatureInputs
 from seqrec.data.io import atomic_dir, read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
@@ -35,6 +37,8 @@ def save_checkpoint(model: SequentialModel, dest: Path, *, max_len: int, item_ta
         "max_len": max_len,
         **(extra or {}),
     }
+    if model.feature_block is not None:
+        meta["features"] = FeatureInputs(model.feature_block.fitted, model.feature_block.fusion).to_json()
     with atomic_dir(Path(dest)) as tmp:
         save_model(model, str(tmp / "model.safetensors"))
         (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -47,7 +51,8 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Seq
         raise SeqrecError(f"{path}: not a checkpoint (no model.json)")
     meta = read_json(path / "model.json")
     config = build(model_config_class(meta["model"]), meta["config"], "model")
-    model = build_model(config, int(meta["n_items"]), int(meta["max_len"]))
+    features = FeatureInputs.from_json(meta["features"]) if "features" in meta else None
+    model = build_model(config, int(meta["n_items"]), int(meta["max_len"]), features)
     load_model(model, str(path / "model.safetensors"), device=str(device))
     model.to(device)
     model.eval()

@@ -29,6 +29,7 @@ from seqrec import __version__
 from seqrec.config import RunConfig
 from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import dataset_event_values
 from seqrec.data.io import write_json_atomic
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
@@ -162,14 +163,15 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     """A seeded model (or the one given), its optimizer and its epoch feeder, for training on `data`."""
     seed_everything(cfg.train.seed)
     L = cfg.data.max_len
-    model = (model or build_model_for(cfg.model, data, L)).to(device)
+    model = (model or build_model_for(cfg.model, data, L, cfg.features)).to(device)
     model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
     if init_items_from is not None:
         init_item_embeddings(model, init_items_from, data)
     opt = make_optimizer(model, cfg)
     batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
-    if batches is None:
-        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride)  # every target
+    if batches is None:  # every target, with the event features the model takes
+        events = dataset_event_values(data, model.event_feature_names())
+        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride, events)
     return model, opt, batches
 
 
