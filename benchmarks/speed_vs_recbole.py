@@ -67,7 +67,8 @@ def run_seqrec(run_dir: Path, batch_size: int, stride: int) -> dict[str, Any]:
     sets = [f'data.dataset="{data_dir}"', f"data.max_len={HP['max_len']}", "model.name=\"sasrec\"",
             f"model.d={HP['d']}", f"model.n_layers={HP['n_layers']}", f"model.n_heads={HP['n_heads']}",
             f"model.d_ff={HP['d_ff']}", f"model.dropout={HP['dropout']}", f"model.attn_dropout={HP['attn_dropout']}",
-            "model.norm_first=false", f"train.lr={HP['lr']}", f"train.batch_size={batch_size}",
+            "model.norm_first=false", "model.output_bias=false", f"train.lr={HP['lr']}",
+            f"train.batch_size={batch_size}",
             f"data.stride={stride}",
             f"train.epochs={HP['epochs']}", f"train.patience={HP['patience']}", f"train.seed={HP['seed']}",
             f"train.threads={HP['threads']}", "train.progress=false"]
