@@ -10,7 +10,8 @@ and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
 
 RecBole trains on one prefix per sample and is slow on this CPU, so its epochs are
 capped (--recbole-epochs, recorded in the file); its "best" is the best within the
-cap. seqrec runs to early stopping (patience 10). A seqrec sample is a window of up
+cap. seqrec runs to early stopping (patience 10) or its training-time budget
+(SEQREC_BUDGET_S, recorded in each run's config). A seqrec sample is a window of up
 to 50 targets, a RecBole sample one prefix, so batch sizes are not comparable units.
 
     bash benchmarks/setup_recbole.sh   # or --recbole-python PATH to an existing one
@@ -42,6 +43,7 @@ HP: dict[str, dict[str, Any]] = {
                              "256", "--model-set", "mask_ratio=0.2", "--model-set", "ft_ratio=0.1"]},
 }
 SHARED = {"lr": 1e-3, "max_len": 50, "patience": 10, "seed": 2020, "threads": 1}
+SEQREC_BUDGET_S = 300
 
 
 def run_recbole(model: str, out: Path, epochs: int, python: Path) -> dict[str, Any]:
@@ -63,6 +65,7 @@ def run_seqrec(model: str, run_dir: Path) -> dict[str, Any]:
     sets = [f'data.dataset="{data_dir}"', f"data.max_len={SHARED['max_len']}", *HP[model]["seqrec"],
             f"train.lr={SHARED['lr']}", "train.epochs=400", f"train.patience={SHARED['patience']}",
             f"train.seed={SHARED['seed']}", f"train.threads={SHARED['threads']}", "train.progress=false",
+            f"train.time_budget_s={SEQREC_BUDGET_S}",
             "eval.ks=[10, 50]"]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
     for s in sets:
