@@ -116,8 +116,9 @@ def _loss_name(model_cfg: dict[str, Any]) -> str:
 def zoo(d: dict[str, Any]) -> list[str]:
     lines = ["## Model zoo", "", "Script: `benchmarks/zoo.py` (settings per dataset and model in its `DATASETS` and "
              "`MODELS`); file: `results/zoo.json` (each entry records its command and full config). Leave-one-out, "
-             "full ranking over all items, seen items not filtered, model chosen on validation NDCG@10 (patience 5), "
-             "one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by its training-time budget. "
+             "full ranking over all items, seen items not filtered, model chosen on validation NDCG@10 "
+             "(patience 5; BERT4Rec 20), one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by "
+             "its training-time budget. "
              "Peak RSS is the cell's own process.", "",
              "| dataset | model | R@10 | N@10 | R@50 | N@50 | loss | max len | best / run epochs | train s | "
              "peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
