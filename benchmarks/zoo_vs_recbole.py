@@ -43,7 +43,7 @@ HP: dict[str, dict[str, Any]] = {
                              "256", "--model-set", "mask_ratio=0.2", "--model-set", "ft_ratio=0.1"]},
 }
 SHARED = {"lr": 1e-3, "max_len": 50, "patience": 10, "seed": 2020, "threads": 1}
-SEQREC_BUDGET_S = 300
+SEQREC_BUDGET_S = 180
 
 
 def run_recbole(model: str, out: Path, epochs: int, python: Path) -> dict[str, Any]:
