@@ -1,11 +1,12 @@
 """SASRec with each loss of seqrec.nn.objective on one dataset (default Amazon Beauty), same protocol.
 
-Leave-one-out, full ranking, max length 50, chosen on validation NDCG@10, one CPU
-thread, the SASRec settings of benchmarks/configs/sasrec-DATASET.toml and only the
-loss changed. Each loss runs in its own process under the same training-time
-budget; rows merge into benchmarks/results/loss_compare.json under "dataset/loss[tag]".
+Leave-one-out, full ranking, max length 50, chosen on validation NDCG@10 (patience
+10), one CPU thread, one small SASRec (BASE: d 64, 1 block, 1 head, d_ff 64, dropout
+0.2, lr 1e-3, batch 128, bf16 autocast) and only the loss changed. Each loss runs in
+its own process under the same training-time budget (a run it stops says so);
+rows merge into benchmarks/results/loss_compare.json under "dataset/loss[tag]".
 
-    python benchmarks/loss_compare.py amazon-beauty-p5 --budget 600
+    python benchmarks/loss_compare.py amazon-beauty-p5 --budget 480
     python benchmarks/loss_compare.py amazon-beauty-p5 --losses ce gbce --budget 0   # to convergence
 """
 
@@ -21,10 +22,12 @@ from typing import Any
 
 from common import RESULTS, WORK, machine, prepared, write_result
 
-from seqrec.config import load_toml, resolve
+from seqrec.config import resolve
 from seqrec.train.loop import fit
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+BASE = ['model.name="sasrec"', "data.max_len=50", "model.d=64", "model.n_layers=1", "model.n_heads=1",
+        "model.d_ff=64", "model.dropout=0.2", "model.attn_dropout=0.2", "train.lr=0.001", "train.batch_size=128",
+        "train.epochs=200", "train.patience=10", "train.bf16=true", "eval.ks=[10, 50]"]
 LOSSES = {
     "ce": ['model.loss="ce"'],
     "sampled_softmax": ['model.loss="sampled_softmax"', "model.n_negatives=256", 'model.negatives="uniform"'],
@@ -39,10 +42,8 @@ LOSSES = {
 
 def run(dataset: str, loss: str, overrides: list[str], budget: float, tag: str) -> dict[str, Any]:
     data = prepared(dataset)
-    path = CONFIGS / f"sasrec-{dataset}.toml"
-    raw = load_toml(path) if path.is_file() else {"model": {"name": "sasrec"}}
-    cfg = resolve(raw, [f'data.dataset="{data.path}"', "train.progress=false", "train.threads=1",
-                        f"train.time_budget_s={budget}", *LOSSES[loss], *overrides])
+    cfg = resolve({}, [f'data.dataset="{data.path}"', *BASE, "train.progress=false", "train.threads=1",
+                       f"train.time_budget_s={budget}", *LOSSES[loss], *overrides])
     results = fit(cfg, data, WORK / "runs" / f"losses-{dataset}-{loss}{tag}")
     return {
         "dataset": dataset, "loss": loss, "config": cfg.to_dict(), "overrides": overrides,
@@ -60,7 +61,7 @@ def main() -> None:
     p.add_argument("dataset", nargs="?", default="amazon-beauty-p5")
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     p.add_argument("--set", action="append", default=[])
-    p.add_argument("--budget", type=float, default=600.0, help="training seconds per loss (0 = none)")
+    p.add_argument("--budget", type=float, default=480.0, help="training seconds per loss (0 = none)")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(RESULTS / "loss_compare.json"))
     p.add_argument("--one", help=argparse.SUPPRESS)

@@ -90,7 +90,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--show-progress", action="store_true")
+    p.add_argument("--model-set", action="append", default=[], metavar="KEY=JSON",
+                   help="a model-specific RecBole key, e.g. dropout_prob=0.2 or ft_ratio=0.1 (value read as JSON)")
     return p.parse_args(argv)
+
+
+def model_settings(pairs: list[str]) -> dict[str, Any]:
+    """KEY=JSON pairs as a dict; the values go through json.loads, never eval."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--model-set {pair!r}: expected KEY=VALUE")
+        out[key] = json.loads(value)
+    return out
 
 
 def hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +114,7 @@ def hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
         "train_batch_size": args.train_batch_size, "eval_batch_size": args.eval_batch_size,
         "epochs": args.epochs, "stopping_step": args.stopping_step, "seed": args.seed,
         "MAX_ITEM_LIST_LENGTH": args.max_len, "loss_type": args.loss_type,
-    }
+    } | model_settings(args.model_set)
 
 
 def recbole_config(args: argparse.Namespace, data_path: Path, checkpoint_dir: Path

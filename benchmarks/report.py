@@ -106,14 +106,99 @@ def _metric_row(key: str, t: dict[str, float], extra: list[str]) -> str:
     return "| " + " | ".join([key, *cells, *extra]) + " |"
 
 
-def model_table(title: str, script: str, file: str, d: dict[str, Any]) -> list[str]:
-    lines = [f"## {title}", "", f"Script: `benchmarks/{script}`; file: `results/{file}`. Leave-one-out, full ranking; "
-             "runs on a shared 2-core CPU with per-run time budgets (see each entry's config in the file).", "",
-             "| run | R@10 | N@10 | R@50 | N@50 | best epoch | train s |", "|---|---|---|---|---|---|---|"]
+ZOO_DATASETS = ["ml-100k", "amazon-beauty-p5", "amazon-sports-p5", "amazon-scientific-unisrec", "yelp-p5"]
+ZOO_MODELS = ["item2vec", "gru4rec", "sasrec", "bert4rec", "unisrec"]
+
+
+def _run_cells(r: dict[str, Any]) -> list[str]:
+    """Best epoch / epochs run (+ 'budget' when the time budget stopped it), train s, peak RSS MB."""
+    epochs = f"{r.get('best_epoch', '')} / {r.get('epochs_run', '')}"
+    epochs += " budget" if r.get("stopped_by_budget") else ""
+    rss = r.get("peak_rss_mb")
+    return [epochs, f"{r.get('train_seconds', 0):.0f}", "–" if rss is None else f"{rss:.0f}"]
+
+
+def _loss_name(model_cfg: dict[str, Any]) -> str:
+    loss = model_cfg.get("loss")
+    if loss is None:
+        return "SGNS"
+    if loss == "sampled_softmax":
+        return (f"SS k={model_cfg['n_negatives']} {model_cfg['negatives']}"
+                + (" logQ" if model_cfg.get("logq") else ""))
+    if loss in ("bce", "gbce"):
+        return f"{loss} k={model_cfg['n_negatives']}" + (f" t={model_cfg['gbce_t']}" if loss == "gbce" else "")
+    return "CE"
+
+
+def zoo(d: dict[str, Any]) -> list[str]:
+    lines = ["## Model zoo", "", "Script: `benchmarks/zoo.py` (settings per dataset and model in its `DATASETS` and "
+             "`MODELS`); file: `results/zoo.json` (each entry records its command and full config). Leave-one-out, "
+             "full ranking over all items, seen items not filtered, model chosen on validation NDCG@10 "
+             "(patience 5; BERT4Rec 20), one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by "
+             "its training-time budget. "
+             "Peak RSS is the cell's own process.", "",
+             "| dataset | model | R@10 | N@10 | R@50 | N@50 | loss | max len | best / run epochs | train s | "
+             "peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = {(ds, m): i for i, (ds, m) in enumerate((ds, m) for ds in ZOO_DATASETS for m in ZOO_MODELS)}
+    keys = sorted((k for k in d if "test" in d[k]),
+                  key=lambda k: (order.get((d[k]["dataset"], d[k]["model"]), len(order)), k))
+    for key in keys:
+        r = d[key]
+        cfg = r.get("config", {})
+        name = r["model"] + key.split(r["model"], 1)[-1]
+        lines.append(_metric_row(f"{r['dataset']} | {name}", r["test"],
+                                 [_loss_name(cfg.get("model", {})), str(cfg.get("data", {}).get("max_len", "")),
+                                  *_run_cells(r)]))
+    return lines
+
+
+def losses(d: dict[str, Any]) -> list[str]:
+    lines = ["## SASRec losses", "", "Script: `benchmarks/loss_compare.py`; file: `results/loss_compare.json` "
+             "(each entry records its command and full config). One small SASRec (d 64, 1 block, 1 head, d_ff 64, "
+             "dropout 0.2, lr 1e-3, batch 128, max length 50), only the loss changed; leave-one-out, full ranking, "
+             "chosen on validation NDCG@10 (patience 10), one thread, the same training-time budget per loss "
+             "(\"budget\" marks a run it stopped). gBCE and BCE with k > 1 shift every logit by log(beta/k) "
+             "(see `seqrec/nn/losses.py`).", "",
+             "| run | R@10 | N@10 | R@50 | N@50 | loss | best / run epochs | train s | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for key, r in d.items():
-        if isinstance(r, dict) and "test" in r:
-            lines.append(_metric_row(key, r["test"], [str(r.get("best_epoch", "")),
-                                                      f"{r.get('train_seconds', 0):.0f}"]))
+        if "test" in r:
+            lines.append(_metric_row(key, r["test"], [_loss_name(r["config"]["model"]), *_run_cells(r)]))
+    return lines
+
+
+def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
+    lines = ["## GRU4Rec and BERT4Rec: seqrec vs RecBole 1.2.1 on ml-100k (same machine, same files)", "",
+             "Script: `benchmarks/zoo_vs_recbole.py`; file: `results/zoo_vs_recbole.json` (hyper-parameters, "
+             "protocol and commands inside). One thread each, one run after the other. RecBole's epochs are "
+             "capped (column \"epochs\"): its best validation NDCG@10 is the best within the cap.", "",
+             "| model | library | epochs (cap) | best valid N@10 | test R@10 | test N@10 | test R@50 | test N@50 | "
+             "s / train epoch | wall s | peak RSS MB | time to RecBole's best valid N@10 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, row in d.items():
+        for lib in ("recbole", "seqrec"):
+            r = row[lib]
+            t = r.get("test") or {}
+            epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if lib == "recbole" else f"{r['epochs_run']}"
+            reach = r.get("time_to_best_s") if lib == "recbole" else r.get("time_to_reach_recbole_best_s")
+            per_epoch = r.get("mean_train_epoch_s")
+            rss = r.get("self_peak_rss_mb")
+            lines.append("| " + " | ".join([
+                model, lib, epochs, f4(r["best_valid_ndcg@10"]), f4(t.get("recall@10")), f4(t.get("ndcg@10")),
+                f4(t.get("recall@50")), f4(t.get("ndcg@50")), "–" if per_epoch is None else f"{per_epoch:.1f}",
+                f"{r['wall_s']:.0f}", "–" if rss is None else f"{rss:.0f}",
+                "not reached" if reach is None else f"{reach:.0f} s"]) + " |")
+    return lines
+
+
+def item2vec_gensim(d: dict[str, Any]) -> list[str]:
+    lines = ["## item2vec: seqrec vs gensim Word2Vec on the same sentences", "",
+             "Script: `benchmarks/item2vec_vs_gensim.py`; file: `results/item2vec_vs_gensim.json`. Same "
+             "hyper-parameters, user state and cosine scoring; gensim's epochs chosen on validation.", "",
+             "| dataset | library | R@10 | N@10 | R@50 | N@50 | train s |", "|---|---|---|---|---|---|---|"]
+    for name, r in d.items():
+        for lib in ("gensim", "seqrec"):
+            lines.append(_metric_row(f"{name} | {lib}", r[lib]["test"], [f"{r[lib]['train_seconds']:.0f}"]))
     return lines
 
 
@@ -167,8 +252,10 @@ SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("sasrec_quality.json", sasrec_quality),
     ("speed_vs_recbole.json", speed),
     ("eval_cost.json", eval_cost),
-    ("zoo.json", lambda d: model_table("Model zoo", "zoo.py", "zoo.json", d)),
-    ("loss_compare.json", lambda d: model_table("SASRec losses", "loss_compare.py", "loss_compare.json", d)),
+    ("zoo.json", zoo),
+    ("loss_compare.json", losses),
+    ("zoo_vs_recbole.json", zoo_vs_recbole),
+    ("item2vec_vs_gensim.json", item2vec_gensim),
     ("unisrec.json", unisrec),
     ("features.json", features),
     ("output_layer.json", output_layer),

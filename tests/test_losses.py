@@ -48,7 +48,7 @@ def test_chunked_ce_matches_full_values_and_gradients() -> None:
 def test_bce_hand_computed() -> None:
     h = torch.tensor([[1.0, 0.0]])
     W = torch.tensor([[0.0, 0.0], [2.0, 0.0], [-1.0, 0.0]])
-    loss = bce_negatives(h, W, None, torch.tensor([1]), torch.tensor([[2]]))
+    loss = bce_negatives(h, W, None, torch.tensor([1]), torch.tensor([[2]]))  # k = 1: shift log(1/1) = 0
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     expected = -math.log(sig(2.0)) - math.log(1 - sig(-1.0))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -112,12 +112,66 @@ def test_gbce_hand_computed() -> None:
     assert gbce_beta(2, 5, 1.0) == pytest.approx(0.5)  # t = 1: beta = alpha
     h = torch.tensor([[1.0, 0.0]])
     W = torch.tensor([[0.0, 0.0], [2.0, 0.0], [-1.0, 0.0], [0.5, 0.0], [0.0, 0.0], [0.0, 0.0]])
-    loss = gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.5)
+    loss = gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.5, shift=False)
     expected = -0.75 * math.log(_sig(2.0)) - math.log(1 - _sig(-1.0)) - math.log(1 - _sig(0.5))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # with the shift every logit moves by log(beta / k) = log(0.375)
+    s0 = math.log(0.375)
+    shifted = -0.75 * math.log(_sig(2.0 + s0)) - math.log(1 - _sig(-1.0 + s0)) - math.log(1 - _sig(0.5 + s0))
+    assert gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.5).item() == pytest.approx(shifted, rel=1e-6)
     # t = 0 is the BCE of `bce_negatives`
-    torch.testing.assert_close(gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.0),
-                               bce_negatives(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]])))
+    for shift in (False, True):
+        torch.testing.assert_close(gbce(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), t=0.0, shift=shift),
+                                   bce_negatives(h, W, None, torch.tensor([1]), torch.tensor([[2, 3]]), shift=shift))
+
+
+@pytest.mark.parametrize(("k", "t"), [(1, 0.0), (16, 0.0), (256, 0.75)])
+def test_prior_shift_puts_a_constant_scorer_at_the_loss_minimum(k: int, t: float) -> None:
+    # a model that scores every item 0 (a fresh one) gets zero gradient on the shared logit:
+    # beta sigma(-s0) = k sigma(s0) at s0 = log(beta / k), e.g. k = 16 BCE: sigma(s0) = 1/17
+    n_items = 1000
+    beta = gbce_beta(k, n_items, t)
+    h = torch.zeros(3, 4)
+    W = torch.zeros(n_items + 1, 4)
+    b = torch.zeros(n_items + 1, requires_grad=True)
+    target = torch.tensor([1, 2, 3])
+    negatives = uniform_negatives(target, n_items, k, generator=torch.Generator().manual_seed(0))
+    loss = gbce(h, W, b, target, negatives, t)
+    (grad,) = torch.autograd.grad(loss, b)
+    assert abs(grad.sum().item()) < 1e-6  # the shared shift direction is already optimal
+    expected = beta * math.log1p(k / beta) + k * math.log1p(beta / k)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    # without the shift the same scorer sits far from it (k log 2 from the negatives alone)
+    assert gbce(h, W, None, target, negatives, t, shift=False).item() > expected + (k - 1) * 0.3
+
+
+def _gsasrec_reference(pos: torch.Tensor, neg: torch.Tensor, beta: float) -> torch.Tensor:
+    """gBCE as the gSASRec code writes it: the positive logit replaced by log(1 / (sigma^-beta - 1)),
+    then plain BCE-with-logits over [positive, negatives], averaged over the 1 + k columns."""
+    p = torch.sigmoid(pos.double())
+    pos_t = torch.log(1.0 / (p.pow(-beta) - 1.0))
+    logits = torch.cat([pos_t[:, None], neg.double()], dim=1)
+    labels = torch.zeros_like(logits)
+    labels[:, 0] = 1.0
+    return F.binary_cross_entropy_with_logits(logits, labels, reduction="none").mean(-1).mean()
+
+
+def test_gbce_matches_the_gsasrec_reference_with_bias_and_several_rows() -> None:
+    # 2 rows, N = 4 items, k = 2 per-row negatives; alpha = 2/3, t = 0.75 -> beta = 1 - 0.75 (1 - 2/3) = 0.75
+    beta = gbce_beta(2, 4, 0.75)
+    assert beta == pytest.approx(0.75)
+    h = torch.tensor([[1.0, 0.5], [-0.5, 2.0]])
+    W = torch.tensor([[0.0, 0.0], [1.0, 1.0], [-1.0, 0.0], [0.5, -1.0], [0.0, 2.0]])
+    b = torch.tensor([0.0, 0.1, -0.2, 0.3, 0.0])
+    target, negatives = torch.tensor([1, 4]), torch.tensor([[2, 3], [1, 3]])
+    # hand-computed logits h.W + b: row 0: pos 1.6, negs -1.2, 0.3; row 1: pos 4.0, negs 1.6, -2.25 + 0.3
+    pos, neg = torch.tensor([1.6, 4.0]), torch.tensor([[-1.2, 0.3], [1.6, -1.95]])
+    by_hand = sum(-beta * math.log(_sig(p)) - sum(math.log(1 - _sig(n)) for n in ns)
+                  for p, ns in zip(pos.tolist(), neg.tolist(), strict=True)) / 2
+    loss = gbce(h, W, b, target, negatives, t=0.75, shift=False)
+    assert loss.item() == pytest.approx(by_hand, rel=1e-6)
+    # the reference averages over the 1 + k columns, this one sums the negatives: a factor 1 + k
+    assert loss.item() == pytest.approx(3 * _gsasrec_reference(pos, neg, beta).item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["sampled_softmax", "bce", "gbce"])
@@ -132,8 +186,9 @@ def test_objective_negatives_never_count_the_positive(loss: str, negatives: str)
     value = objective(h, W, None, target).item()
     if loss == "sampled_softmax":  # only draws of items 2 and 3 count; each adds exp(0) to the sum
         assert value < math.log(51)
-    else:  # exactly k non-positive negatives per row: log 2 for the positive and each negative
-        assert value == pytest.approx((1 + 50) * math.log(2), rel=1e-5)
+    else:  # exactly k non-positive negatives per row, every logit at the shift log(1/50):
+        # softplus(-s0) = log 51 for the positive, softplus(s0) = log(1 + 1/50) for each negative
+        assert value == pytest.approx(math.log(51) + 50 * math.log1p(1 / 50), rel=1e-5)
 
 
 def test_popularity_sampler_follows_training_counts() -> None:

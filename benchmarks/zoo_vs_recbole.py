@@ -1,0 +1,121 @@
+"""seqrec GRU4Rec and BERT4Rec against RecBole 1.2.1's on ml-100k, side by side, on this machine.
+
+Same data (the RecBole atomic ml-100k files), same protocol (leave-one-out in time
+order, full ranking, valid NDCG@10 for model choice, test read once, max length 50),
+the same hyper-parameters for both libraries (HP below: d 64, CE loss, lr 1e-3,
+dropout 0.2; BERT4Rec 2 post-LN layers of 2 heads, inner 256, mask ratio 0.2, share
+of last-item-only masking 0.1 = RecBole's ft_ratio), one thread each. Each run is a
+fresh process, one after the other; the script records wall and CPU time, peak RSS
+and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
+
+RecBole trains on one prefix per sample and is slow on this CPU, so its epochs are
+capped (--recbole-epochs, recorded in the file); its "best" is the best within the
+cap. seqrec runs to early stopping (patience 10) or its training-time budget
+(SEQREC_BUDGET_S, recorded in each run's config). A seqrec sample is a window of up
+to 50 targets, a RecBole sample one prefix, so batch sizes are not comparable units.
+
+    bash benchmarks/setup_recbole.sh   # or --recbole-python PATH to an existing one
+    python benchmarks/zoo_vs_recbole.py --recbole-epochs GRU4Rec=5 BERT4Rec=3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, SHARED_DATA, WORK, machine, write_result
+from speed_vs_recbole import RECBOLE_PY, time_to_reach, timed
+
+HP: dict[str, dict[str, Any]] = {
+    "GRU4Rec": {"seqrec": ['model.name="gru4rec"', "model.d=64", "model.dropout=0.2", 'model.loss="ce"',
+                           "train.batch_size=32"],
+                "recbole": ["--hidden-size", "64", "--train-batch-size", "256", "--model-set", "embedding_size=64",
+                            "--model-set", "num_layers=1", "--model-set", "dropout_prob=0.2"]},
+    "BERT4Rec": {"seqrec": ['model.name="bert4rec"', "model.d=64", "model.n_layers=2", "model.n_heads=2",
+                            "model.d_ff=256", "model.dropout=0.2", "model.attn_dropout=0.2", "model.norm_first=false",
+                            "model.mask_prob=0.2", "model.last_mask_share=0.1", 'model.loss="ce"',
+                            "train.batch_size=32"],
+                 "recbole": ["--n-layers", "2", "--n-heads", "2", "--hidden-size", "64", "--inner-size", "256",
+                             "--hidden-dropout-prob", "0.2", "--attn-dropout-prob", "0.2", "--train-batch-size",
+                             "256", "--model-set", "mask_ratio=0.2", "--model-set", "ft_ratio=0.1"]},
+}
+SHARED = {"lr": 1e-3, "max_len": 50, "patience": 10, "seed": 2020, "threads": 1}
+SEQREC_BUDGET_S = 180
+
+
+def run_recbole(model: str, out: Path, epochs: int, python: Path) -> dict[str, Any]:
+    cmd = [str(python), "benchmarks/recbole_run.py", "--out", str(out), "--model", model,
+           "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--lr", str(SHARED["lr"]),
+           "--epochs", str(epochs), "--stopping-step", str(SHARED["patience"]), "--seed", str(SHARED["seed"]),
+           "--max-len", str(SHARED["max_len"]), "--threads", str(SHARED["threads"]), *HP[model]["recbole"]]
+    proc = timed(cmd, out.with_suffix(".log"))
+    return {"process": proc, "result": json.loads(out.read_text())}
+
+
+def run_seqrec(model: str, run_dir: Path) -> dict[str, Any]:
+    from seqrec.data.catalog import load_known
+    from seqrec.data.prepare import PrepareOptions, prepare
+
+    data_dir = WORK / "prepared" / "ml-100k-recbole-files"
+    if not (data_dir / "meta.json").is_file():
+        prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
+    sets = [f'data.dataset="{data_dir}"', f"data.max_len={SHARED['max_len']}", *HP[model]["seqrec"],
+            f"train.lr={SHARED['lr']}", "train.epochs=400", f"train.patience={SHARED['patience']}",
+            f"train.seed={SHARED['seed']}", f"train.threads={SHARED['threads']}", "train.progress=false",
+            f"train.time_budget_s={SEQREC_BUDGET_S}",
+            "eval.ks=[10, 50]"]
+    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = timed(cmd, run_dir.with_suffix(".log"))
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"process": proc, "result": json.loads((run_dir / "results.json").read_text()), "epochs": epochs,
+            "overrides": sets}
+
+
+def compare(model: str, cap: int, python: Path) -> dict[str, Any]:
+    out_dir = WORK / "speed"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rb = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python)
+    rb_epochs = rb["result"]["epochs"]
+    rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
+    rb_row = {**rb["process"], "epoch_cap": cap, "epochs_run": len(rb_epochs), "best_valid_ndcg@10": rb_best,
+              "time_to_best_s": min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best),
+              "mean_train_epoch_s": rb["result"].get("time_s", {}).get("mean_train_epoch"),
+              "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
+              "test": rb["result"].get("test"), "hyperparameters": rb["result"].get("hyperparameters")}
+    sq = run_seqrec(model, out_dir / f"seqrec-{model.lower()}")
+    res = sq["result"]
+    reach = time_to_reach(sq["epochs"], rb_best)
+    sq_row = {**sq["process"], "epochs_run": res["epochs_run"], "best_epoch": res["checkpoint"]["epoch"],
+              "best_valid_ndcg@10": res["valid"]["ndcg@10"], "train_seconds": res["train_seconds"],
+              "mean_train_epoch_s": sum(e["train_s"] for e in sq["epochs"]) / max(1, len(sq["epochs"])),
+              "time_to_reach_recbole_best_s": reach, "self_peak_rss_mb": res["peak_rss_mb"], "test": res["test"],
+              "overrides": sq["overrides"]}
+    return {"model": model, "recbole": rb_row, "seqrec": sq_row, "protocol": rb["result"].get("protocol"),
+            "seqrec_protocol": res.get("protocol")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--recbole-epochs", nargs="+", default=["GRU4Rec=5", "BERT4Rec=3"], metavar="MODEL=N",
+                   help="models to compare and RecBole's epoch cap for each")
+    p.add_argument("--recbole-python", type=Path, default=RECBOLE_PY)
+    p.add_argument("--out", type=Path, default=RESULTS / "zoo_vs_recbole.json")
+    args = p.parse_args()
+    table = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for spec in args.recbole_epochs:
+        model, _, cap = spec.partition("=")
+        row = compare(model, int(cap), args.recbole_python)
+        row["command"] = " ".join(["python", "benchmarks/zoo_vs_recbole.py", *sys.argv[1:]])
+        row["machine"] = machine()
+        table[model] = row
+        write_result(args.out, table)
+        print(json.dumps({k: row[k] for k in ("recbole", "seqrec")}, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
