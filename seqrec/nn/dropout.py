@@ -1,9 +1,9 @@
 """Dropout with a faster CPU path.
 
 On CPU, `torch.nn.Dropout` draws its mask with `bernoulli_`, one generator call
-per element: in a small SASRec on ml-100k that was a quarter of a training step.
-Here the keep-mask comes from random bytes instead: 64-bit random words viewed
-as bytes, eight mask entries per draw (about six times faster to make). The drop
+per element: in a small SASRec on ml-100k that was a large share of a training
+step. Here the keep-mask comes from random bytes instead: 64-bit random words
+viewed as bytes, eight mask entries per draw. The drop
 probability is therefore quantised to a multiple of 1/256 (0.2 becomes 51/256 =
 0.199), and kept values are scaled by the exact inverse of the keep probability,
 so the expectation is unchanged. On other devices, and for p = 0 or in eval
