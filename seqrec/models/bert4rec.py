@@ -29,7 +29,7 @@ from seqrec.data.features import FeatureInputs
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.embeddings import make_positions, right_aligned_positions
+from seqrec.nn.embeddings import make_positions, output_layer, right_aligned_positions
 from seqrec.nn.features import FeatureBlock
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
@@ -112,8 +112,7 @@ class BERT4Rec(SequentialModel):
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))  # BERT's output transform
-        self.out_emb = None if config.tied else nn.Embedding(n_items + 1, d, padding_idx=0)
-        self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
+        self.out_emb, self.bias = output_layer(n_items, d, config.tied, config.output_bias)
         self.objective = Objective(config, n_items)
         self.apply(normal_init(config.init_std))
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None

@@ -38,6 +38,7 @@ from seqrec.data.features import FeatureInputs
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
+from seqrec.nn.embeddings import output_layer
 from seqrec.nn.features import FeatureBlock
 from seqrec.nn.objective import Objective, check_loss_config
 
@@ -131,10 +132,7 @@ class GRU4Rec(SequentialModel):
             self.item_emb.weight[0].zero_()
         self.drop = Dropout(config.dropout)
         self.gru = nn.GRU(d, d, config.n_layers, batch_first=True)
-        self.out_emb = None if config.tied else nn.Embedding(n_items + 1, d, padding_idx=0)
-        if self.out_emb is not None:
-            nn.init.normal_(self.out_emb.weight, std=config.init_std)
-        self.bias = nn.Parameter(torch.zeros(n_items + 1)) if config.output_bias else None
+        self.out_emb, self.bias = output_layer(n_items, d, config.tied, config.output_bias, config.init_std)
         self.objective = Objective(config, n_items)
         if features is not None and config.session_parallel:
             raise SeqrecError("side features are not supported with model.session_parallel=true")

@@ -41,3 +41,14 @@ def make_positions(kind: str, max_len: int, d: int) -> nn.Module:
     if kind == "sinusoidal":
         return SinusoidalPositions(max_len, d)
     raise ValueError(f"unknown position kind {kind!r}")
+
+
+def output_layer(n_items: int, d: int, tied: bool, bias: bool,
+                 init_std: float | None = None) -> tuple[nn.Embedding | None, nn.Parameter | None]:
+    """The scoring side of an ID model: an untied output table (None when tied to the input
+    table) and a per-item output bias (None when off), rows 0..N. `init_std`: normal init of the
+    untied table, for models that do not initialise every module themselves."""
+    out_emb = None if tied else nn.Embedding(n_items + 1, d, padding_idx=0)
+    if out_emb is not None and init_std is not None:
+        nn.init.normal_(out_emb.weight, std=init_std)
+    return out_emb, (nn.Parameter(torch.zeros(n_items + 1)) if bias else None)
