@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a shared
-# 2-core CPU (one torch thread each). `python benchmarks/unisrec_report.py` collects them.
+# The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a 2-core
+# CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
 #   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | cold-unisrec | memory
 set -euo pipefail
@@ -10,17 +10,18 @@ P=benchmarks/work/prepared
 R=benchmarks/work/runs
 SCI=$P/amazon-scientific-unisrec
 CFG=benchmarks/configs/unisrec-amazon-scientific-unisrec.toml
-BUDGET=${BUDGET:-480}
+BUDGET=${BUDGET:-3000}  # training seconds per run (fine-tuning, cold split)
+PRETRAIN_BUDGET=${PRETRAIN_BUDGET:-1500}
 case "$1" in
   scratch)  # text only, no pre-training
     .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --out $R/unisrec-scratch-text ;;
   scratch-transductive)  # text + ID, no pre-training, same budget as the fine-tuning runs
     .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set model.item_ids=true \
-      --set train.time_budget_s=$BUDGET --out $R/unisrec-scratch-text-id ;;
+      --out $R/unisrec-scratch-text-id ;;
   pretrain)  # $2 = in-batch | moco; never on the Scientific domain or its LC-Rec build
     .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives "$2" \
-      --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=20 \
-      --set pretrain.batch_size=64 --set pretrain.time_budget_s=$BUDGET --set pretrain.queue_size=4096 \
+      --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=30 \
+      --set pretrain.batch_size=64 --set pretrain.time_budget_s=$PRETRAIN_BUDGET --set pretrain.queue_size=4096 \
       --set model.d=64 --set model.n_heads=2 --set model.d_ff=256 --set model.dropout=0.5 \
       --set model.attn_dropout=0.5 --out $R/unisrec-pretrain-$2 ;;
   finetune)  # $2 = in-batch | moco, $3 = inductive | transductive

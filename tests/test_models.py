@@ -209,3 +209,25 @@ def test_refit_trains_on_validation_events_and_tests_the_refit(tiny_dataset: Pre
     tested, meta = load_checkpoint(tmp_path / "refit" / "checkpoint", "cpu")
     assert meta["refit"] and meta["epoch"] == refit["checkpoint"]["epoch"]
     assert not torch.equal(selected.item_embeddings(), tested.item_embeddings())
+
+
+def test_refit_of_a_given_model_starts_from_its_weights(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """A fine-tuning run hands `fit` a pre-trained model: the refit must start from it, not from noise."""
+    from seqrec.config import resolve
+    from seqrec.registry import build_model_for
+    from seqrec.train.checkpoint import load_checkpoint
+    from seqrec.train.loop import fit
+
+    sets = [f'data.dataset="{tiny_dataset.path}"', "data.max_len=8", 'model.name="sasrec"', "model.d=16",
+            "train.epochs=2", "train.patience=5", "train.progress=false", "train.refit=true"]
+    cfg = resolve({}, sets)
+    given = build_model_for(cfg.model, tiny_dataset, 8, cfg.features)
+    marker = next(p for name, p in given.named_parameters() if name.endswith("pos_emb.weight"))
+    with torch.no_grad():
+        marker.fill_(0.5)
+    marker.requires_grad_(False)  # frozen: a refit that starts from `given` keeps the marker as it is
+    fit(cfg, tiny_dataset, tmp_path / "run", model=given)
+    tested, meta = load_checkpoint(tmp_path / "run" / "checkpoint", "cpu")
+    assert meta["refit"]
+    assert torch.all(dict(tested.named_parameters())[next(n for n, _ in given.named_parameters()
+                                                          if n.endswith("pos_emb.weight"))] == 0.5)

@@ -12,6 +12,7 @@ is tested, once, at the end. A run folder holds:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
@@ -108,6 +109,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         torch.set_num_threads(cfg.train.threads)
     device = pick_device(cfg.train.device)
     L = cfg.data.max_len
+    # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
+    start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
     model, opt, batches = setup(cfg, data, device, model, init_items_from)
     metric = selection_metric(cfg.eval.ks)
     best, best_epoch, bad, start = -1.0, 0, 0, time.perf_counter()
@@ -146,7 +149,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         selected = run_dir / "checkpoint-selected"
         shutil.rmtree(selected, ignore_errors=True)
         ckpt.rename(selected)
-        test_model = refit(cfg, data, device, best_epoch, init_items_from)
+        test_model = refit(cfg, data, device, best_epoch, init_items_from, start_model)
         save_checkpoint(test_model, ckpt, max_len=L, item_table=data.item_table,
                         extra={"epoch": best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
     train_seconds = time.perf_counter() - start
@@ -176,12 +179,13 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
 
 
 def refit(cfg: RunConfig, data: PreparedDataset, device: torch.device, epochs: int,
-          init_items_from: Path | None = None) -> SequentialModel:
+          init_items_from: Path | None = None, start: SequentialModel | None = None) -> SequentialModel:
     """A fresh model, same seed and config, trained for the validation-chosen number of epochs on
     training + validation events (each user's validation item becomes a training target). No
-    evaluation happens during the refit; the test split is still read once, afterwards."""
+    evaluation happens during the refit; the test split is still read once, afterwards.
+    `start`: the untrained model that `fit` was given (a pre-trained one, when fine-tuning) to start from."""
     full = data.with_valid_as_training()
-    model, opt, batches = setup(cfg, full, device, None, init_items_from)
+    model, opt, batches = setup(cfg, full, device, start, init_items_from)
     for epoch in range(1, epochs + 1):
         stats = train_epoch(model, batches, opt, cfg, device, epoch)
         log.info("refit epoch %d/%d loss %.4f %.0f targets/s", epoch, epochs, stats.loss, stats.targets_per_s)
