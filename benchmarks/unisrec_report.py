@@ -41,21 +41,14 @@ QUALITY = {  # run folder -> (command, published row to compare with)
     "unisrec-ft-in-batch-transductive": (f"{STAGE} finetune in-batch transductive", "unisrec-transductive"),
     "unisrec-ft-moco-inductive": (f"{STAGE} finetune moco inductive", "unisrec-inductive"),
     "unisrec-ft-moco-transductive": (f"{STAGE} finetune moco transductive", "unisrec-transductive"),
-    "unisrec-ft-in-batch-inductive-unfrozen": (
-        "seqrec finetune benchmarks/work/prepared/amazon-scientific-unisrec --from "
-        "benchmarks/work/runs/unisrec-pretrain-in-batch --setting inductive --config "
-        "benchmarks/configs/unisrec-amazon-scientific-unisrec.toml --set model.freeze_encoder=false "
-        "--set train.progress=false --set train.time_budget_s=480", "unisrec-inductive"),
-    "sasrec-amazon-scientific-unisrec-d05": ("python benchmarks/sasrec_quality.py amazon-scientific-unisrec "
-                                             "--tag -d05 (config dropout 0.5; run earlier by the SASRec issue)",
-                                             "sasrec"),
+    "sasrec-amazon-scientific-unisrec-d05-refit": (
+        "python benchmarks/sasrec_quality.py amazon-scientific-unisrec --set train.refit=true --tag=-d05-refit "
+        "(benchmarks/configs/sasrec-amazon-scientific-unisrec.toml: dropout 0.5)", "sasrec"),
 }
 COLD_RUNS = {  # run folder -> command
     "sasrec-cold20": f"{STAGE} cold-sasrec",
     "unisrec-cold20-ft-in-batch-inductive": f"{STAGE} cold-unisrec",
-    "unisrec-cold20-scratch-text": "seqrec train --dataset benchmarks/work/prepared/amazon-scientific-unisrec-cold20 "
-                                   "--config benchmarks/configs/unisrec-amazon-scientific-unisrec.toml "
-                                   "--set train.progress=false --set train.time_budget_s=480",
+    "unisrec-cold20-scratch-text": f"{STAGE} cold-unisrec-scratch",
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
 MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")
@@ -81,6 +74,7 @@ def quality() -> dict[str, Any]:
         out[run] = {"command": command, "test": {k: r["test"][k] for k in KEYS},
                     "valid_ndcg@10": r["valid"]["ndcg@10"], "best_epoch": r["checkpoint"]["epoch"],
                     "epochs_run": r["epochs_run"], "train_seconds": r["train_seconds"],
+                    "refit": r["protocol"].get("refit", False),
                     "published": {"row": published, **PUBLISHED[published]}, "protocol": r["protocol"],
                     "valid_curve": curve(RUNS / run)}
     return out

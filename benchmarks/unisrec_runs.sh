@@ -2,7 +2,7 @@
 # The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a 2-core
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
 #   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
-#                                   | cold-unisrec | memory
+#                                   | cold-unisrec | cold-unisrec-scratch | memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -33,6 +33,9 @@ case "$1" in
     .venv/bin/seqrec train --dataset $P/amazon-scientific-unisrec-cold20 \
       --config benchmarks/configs/sasrec-amazon-scientific-unisrec.toml --set train.progress=false \
       --set train.time_budget_s=$BUDGET --out $R/sasrec-cold20 ;;
+  cold-unisrec-scratch)  # text only, no pre-training: what text alone gives on cold items
+    .venv/bin/seqrec train --dataset $P/amazon-scientific-unisrec-cold20 --config $CFG --set train.progress=false \
+      --set train.time_budget_s=$BUDGET --out $R/unisrec-cold20-scratch-text ;;
   cold-unisrec)
     .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/unisrec-pretrain-in-batch \
       --setting inductive --config $CFG --set train.progress=false --set train.time_budget_s=$BUDGET \

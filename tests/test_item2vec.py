@@ -13,7 +13,7 @@ from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
-from seqrec.models.item2vec import Item2Vec, Item2VecConfig, compact_left, skipgram_pairs
+from seqrec.models.item2vec import Item2Vec, Item2VecConfig, compact_left, sgns_loss, skipgram_pairs
 from seqrec.registry import build_model, model_config_class
 from seqrec.train.checkpoint import save_checkpoint
 from seqrec.train.init_items import init_item_embeddings
@@ -30,14 +30,35 @@ def test_skipgram_pairs_and_compaction_by_hand() -> None:
     assert kept.tolist() == [[0, 0, 0, 5, 7]]
 
 
-def test_item2vec_recovers_planted_co_occurrence_groups() -> None:
-    """4 groups of 10 items; every sentence draws from one group: neighbours must share the group."""
+def test_sgns_loss_by_hand_per_pair_and_shared_negatives() -> None:
+    u = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    v_pos = torch.tensor([[0.5, 0.0], [0.0, -1.0]])
+    sp = torch.nn.functional.softplus
+    # per pair: pair 0 has negatives (1, 1) and (-1, 0), pair 1 has (0, 1) masked (an accidental hit) and (2, 0)
+    v_neg = torch.tensor([[[1.0, 1.0], [-1.0, 0.0]], [[0.0, 1.0], [2.0, 0.0]]])
+    valid = torch.tensor([[True, True], [False, True]])
+    expected = ((sp(torch.tensor(-0.5)) + sp(torch.tensor(1.0)) + sp(torch.tensor(-1.0)))
+                + (sp(torch.tensor(2.0)) + sp(torch.tensor(0.0)))) / 2
+    assert torch.isclose(sgns_loss(u, v_pos, v_neg, valid), expected)
+    # shared: the same two negatives for both pairs, each weighted k / S = 0.5; pair 1's hit masked
+    shared = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    valid = torch.tensor([[True, True], [True, False]])
+    expected = ((sp(torch.tensor(-0.5)) + 0.5 * (sp(torch.tensor(1.0)) + sp(torch.tensor(0.0))))
+                + (sp(torch.tensor(2.0)) + 0.5 * sp(torch.tensor(2.0)))) / 2
+    assert torch.isclose(sgns_loss(u, v_pos, shared, valid, weight=0.5), expected)
+
+
+@pytest.mark.parametrize("shared", [0, 16])
+def test_item2vec_recovers_planted_co_occurrence_groups(shared: int) -> None:
+    """4 groups of 10 items; every sentence draws from one group: neighbours must share the group.
+    Negatives per pair (word2vec) and shared by the batch."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     groups, size, n_items = 4, 10, 40
     group = rng.integers(groups, size=400)
     seqs = torch.from_numpy(1 + group[:, None] * size + rng.integers(size, size=(400, 12)))  # (400, 12) in 1..40
-    model = Item2Vec(Item2VecConfig(d=16, window=3, n_negatives=5, subsample=0.0), n_items, max_len=11)
+    model = Item2Vec(Item2VecConfig(d=16, window=3, n_negatives=5, shared_negatives=shared, subsample=0.0),
+                     n_items, max_len=11)
     model.counts.copy_(torch.bincount(seqs.flatten(), minlength=n_items + 1).float())
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     for _ in range(15):
