@@ -207,6 +207,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     rec = Recommender.from_run(args.run)
     if args.new_item:
         rec.add_items(dict(item.split("=", 1) for item in args.new_item))
+    if args.ann:
+        rec.use_index(n_probe=args.n_probe)
+    elif args.n_probe is not None:
+        raise SeqrecError("--n-probe needs --ann")
     if (args.history is None) == (args.user is None):
         raise SeqrecError("give exactly one of --history or --user")
     if args.user is not None:
@@ -283,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--new-item", action="append", metavar="ID=TEXT",
                    help="an item unseen in training, known by its text (text models such as unisrec)")
     r.add_argument("--candidates", help="rank only these raw item ids")
+    r.add_argument("--ann", action="store_true", help="approximate top-k from an IVF index of the item vectors")
+    r.add_argument("--n-probe", type=int, help="with --ann: lists opened per query (default: an eighth)")
     r.add_argument("--times", help="timestamps (seconds) of the --history items, for time features (gap, hour); "
                    "without them those features are missing")
     r.set_defaults(fn=cmd_recommend)

@@ -22,6 +22,7 @@ from seqrec.data.batching import history_batch
 from seqrec.data.features import DERIVED_EVENTS, event_values
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
+from seqrec.serve.ann import IVFIndex
 from seqrec.train.checkpoint import load_checkpoint
 
 
@@ -40,6 +41,8 @@ class Recommender:
             items.sort("idx")["title"].cast(pl.Utf8).to_list() if "title" in items.columns else None
         )
         self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
+        self.ann: IVFIndex | None = None
+        self._ann_options: tuple[int | None, int | None] | None = None
 
     @classmethod
     def from_run(cls, path: Path | str, device: str = "cpu") -> Recommender:
@@ -50,6 +53,14 @@ class Recommender:
             raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
         model, meta = load_checkpoint(ckpt, device)
         return cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]))
+
+    def use_index(self, n_lists: int | None = None, n_probe: int | None = None) -> IVFIndex:
+        """Serve top-k from an approximate (IVF) index of the item vectors instead of scoring every item;
+        `candidates` still rank exactly. Defaults: 2 sqrt(N) lists, an eighth of them probed."""
+        self._ann_options = (n_lists, n_probe)
+        emb, bias = self.model.item_embeddings(), self.model.item_bias()
+        self.ann = IVFIndex(emb.detach(), None if bias is None else bias.detach(), n_lists, n_probe)
+        return self.ann
 
     def add_items(self, texts: Mapping[str, str]) -> None:
         """Make new items (raw id -> text) recommendable and usable in histories, from their text alone.
@@ -70,6 +81,8 @@ class Recommender:
             self.index[raw] = idx
             if self.titles is not None:
                 self.titles.append(text)
+        if self._ann_options is not None:  # the new items go into a rebuilt index
+            self.use_index(*self._ann_options)
 
     @property
     def n_items(self) -> int:
@@ -115,8 +128,13 @@ class Recommender:
         idx = self.to_indices(history)
         device = self.model.item_embeddings().device
         ev = self.history_events(len(idx), times, events)
-        batch = history_batch([idx], self.max_len, [ev] if ev else None)
-        scores = self.model.score(batch.to(device))[0].float()
+        batch = history_batch([idx], self.max_len, [ev] if ev else None).to(device)
+        if self.ann is not None and candidates is None:
+            values, ids = self.ann.search(self.model.encode(batch), k, exclude=[idx] if exclude_seen else None)
+            found = [(float(s), int(i)) for s, i in zip(values[0].tolist(), ids[0].tolist(), strict=True) if i > 0]
+            return [Recommendation(self.raw_ids[i - 1], s, None if self.titles is None else self.titles[i - 1])
+                    for s, i in found]
+        scores = self.model.score(batch)[0].float()
         scores[0] = -torch.inf
         if candidates is not None:
             allowed = torch.zeros_like(scores, dtype=torch.bool)
