@@ -7,7 +7,8 @@ recency-weighted mean of the history's input vectors, cosine against every item'
 vector, leave-one-out, full ranking. gensim trains with its own SGD (linear learning-rate
 decay, `workers=1`); its epoch count is chosen on validation NDCG@10 among `--gensim-epochs`.
 seqrec trains through `fit` (Adam, early stopping on validation NDCG@10) with its default
-negatives, shared by the pairs of a batch (see seqrec.models.item2vec).
+negatives, shared by the pairs of a batch (see seqrec.models.item2vec), and again with
+word2vec's k negatives per pair (`seqrec_per_pair`).
 Speed: gensim's seconds for its chosen epoch count against seqrec's training seconds (evaluation
 excluded) until its validation NDCG@10 first reaches gensim's best, and each side's median
 seconds per epoch. Writes benchmarks/results/item2vec_vs_gensim.json.
@@ -75,11 +76,6 @@ def compare(name: str, gensim_epochs: list[int], budget: float) -> dict[str, Any
     overrides = [f'data.dataset="{data.path}"', 'model.name="item2vec"', *[f"model.{k}={v}" for k, v in HP.items()],
                  'model.scoring="cosine"', "train.lr=0.005", "train.patience=5", "train.threads=1",
                  "train.progress=false", "eval.ks=[10, 50]", f"train.time_budget_s={budget}"]
-    run_dir = WORK / "runs" / f"item2vec-vs-gensim-{name}"
-    ours = fit(resolve({}, overrides), data, run_dir)
-    curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    elapsed = np.cumsum([r["train_s"] for r in curve])
-    reached = [t for r, t in zip(curve, elapsed, strict=True) if r["valid"]["ndcg@10"] >= best["valid"]["ndcg@10"]]
     return {
         "dataset": name, "hyperparameters": HP, "protocol": protocol(data, ev, "test", 50),
         "gensim": {"epochs_tried": [{"epochs": r["epochs"], "valid_ndcg@10": r["valid"]["ndcg@10"],
@@ -87,15 +83,26 @@ def compare(name: str, gensim_epochs: list[int], budget: float) -> dict[str, Any
                    "chosen_epochs": best["epochs"], "train_seconds": best["train_seconds"],
                    "seconds_per_epoch": best["train_seconds"] / best["epochs"],
                    "test": {k: gensim_test[k] for k in KEYS}},
-        "seqrec": {"best_epoch": ours["checkpoint"]["epoch"], "epochs_run": ours["epochs_run"],
-                   "train_seconds": ours["train_seconds"], "test": {k: ours["test"][k] for k in KEYS},
-                   "shared_negatives": Item2VecConfig().shared_negatives,
-                   "seconds_per_epoch": float(np.median([r["train_s"] for r in curve])),
-                   "valid_curve": [[r["epoch"], round(r["valid"]["ndcg@10"], 5), round(float(t), 2)]
-                                   for r, t in zip(curve, elapsed, strict=True)],
-                   "train_seconds_to_gensim_valid": float(reached[0]) if reached else None},
+        "seqrec": ours(data, overrides, name, Item2VecConfig().shared_negatives, best["valid"]["ndcg@10"]),
+        "seqrec_per_pair": ours(data, overrides, name, 0, best["valid"]["ndcg@10"]),
         "machine": machine(),
     }
+
+
+def ours(data: PreparedDataset, overrides: list[str], name: str, shared: int, gensim_valid: float) -> dict[str, Any]:
+    """seqrec's run; `shared` negatives per batch (0: word2vec's k per pair)."""
+    run_dir = WORK / "runs" / f"item2vec-vs-gensim-{name}{'' if shared else '-per-pair'}"
+    r = fit(resolve({}, [*overrides, f"model.shared_negatives={shared}"]), data, run_dir)
+    curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    elapsed = np.cumsum([c["train_s"] for c in curve])
+    reached = [t for c, t in zip(curve, elapsed, strict=True) if c["valid"]["ndcg@10"] >= gensim_valid]
+    return {"best_epoch": r["checkpoint"]["epoch"], "epochs_run": r["epochs_run"],
+            "train_seconds": r["train_seconds"], "test": {k: r["test"][k] for k in KEYS},
+            "valid_ndcg@10": r["valid"]["ndcg@10"], "shared_negatives": shared,
+            "seconds_per_epoch": float(np.median([c["train_s"] for c in curve])),
+            "valid_curve": [[c["epoch"], round(c["valid"]["ndcg@10"], 5), round(float(t), 2)]
+                            for c, t in zip(curve, elapsed, strict=True)],
+            "train_seconds_to_gensim_valid": float(reached[0]) if reached else None}
 
 
 def main() -> None:

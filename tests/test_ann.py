@@ -30,8 +30,8 @@ def test_kmeans_lists_partition_the_catalogue() -> None:
     centroids = spherical_kmeans(x[1:], 8)
     torch.testing.assert_close(centroids.norm(dim=1), torch.ones(8))
     index = IVFIndex(x, n_lists=8)
-    rows = index.lists[index.lists >= 0]
-    assert sorted(rows.tolist()) == list(range(len(x) - 1))  # every item in exactly one list
+    assert sorted(index.order.tolist()) == list(range(len(x) - 1))  # every item in exactly one list
+    assert sum(index.list_sizes()) == len(x) - 1 and len(index.list_sizes()) == 8
 
 
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -10,8 +10,7 @@ search is exact. An output bias b is folded in as one more coordinate, [v_i, b_i
 so the index serves the model's own scores. Inner products of vectors of unequal norms are
 turned into cosines before clustering (Bachrach et al., RecSys 2014): every item gets one
 more coordinate sqrt(M^2 - |v_i|^2), M the largest norm, and queries a 0 there, so scores are
-unchanged while all items have norm M. Queries run in chunks whose gathered candidates stay
-under a fixed budget. Runs wherever the vectors live (CPU or CUDA).
+unchanged while all items have norm M. Runs wherever the vectors live (CPU or CUDA).
 Shapes: N items, D width, Q queries, C lists, S the longest list.
 """
 
@@ -68,43 +67,55 @@ class IVFIndex:
         self.n_probe = max(1, min(self.n_lists, n_probe or math.ceil(self.n_lists / 8)))
         self.centroids = spherical_kmeans(self.items, self.n_lists, seed=seed)  # (C, D[+1])
         assign = nearest_centroid(self.items, self.centroids)  # all items have norm M: same as by cosine
-        order = torch.argsort(assign, stable=True)
+        self.order = torch.argsort(assign, stable=True)  # item rows (0-based), list by list
         counts = torch.bincount(assign, minlength=self.n_lists)
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(n, device=order.device) - starts[assign[order]]
-        self.lists = torch.full((self.n_lists, int(counts.max())), -1, dtype=torch.long, device=order.device)
-        self.lists[assign[order], slot] = order  # (C, S) item rows (0-based), -1 = empty slot
+        self.offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).tolist()  # list l: [o_l, o_l+1)
+        self.sorted_items = self.items[self.order]  # each list's vectors contiguous: one matmul per list
 
+    def list_sizes(self) -> list[int]:
+        return [b - a for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+    @torch.no_grad()
     def search(self, queries: torch.Tensor, k: int, n_probe: int | None = None,
-               exclude: list[list[int]] | None = None, budget: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
+               exclude: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q, D) states -> (scores (Q, k), item indices (Q, k), 1-based like the model's); fewer than k
         reachable items leave -inf scores and index 0. `exclude`: per query, item indices never returned.
-        `budget`: gathered candidate values (queries x candidates x width) held at once."""
-        q = queries.float()
-        extra = [torch.ones(len(q), 1)] if self.has_bias else []
-        q = torch.cat([q, *[e.to(q) for e in extra], torch.zeros(len(q), 1, dtype=q.dtype, device=q.device)], dim=1)
-        probe = min(self.n_lists, n_probe or self.n_probe)
-        step = max(1, budget // (probe * self.lists.shape[1] * self.items.shape[1]))
-        parts = [self._search(q[lo : lo + step], k, probe, None if exclude is None else exclude[lo : lo + step])
-                 for lo in range(0, len(q), step)]
-        return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])
 
-    def _search(self, q: torch.Tensor, k: int, probe: int,
-                exclude: list[list[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:
-        lists = (q @ self.centroids.T).topk(probe, dim=1).indices  # (Q, probe)
-        cand = self.lists[lists].flatten(1)  # (Q, probe * S) item rows, -1 = empty
-        scores = (self.items[cand.clamp(min=0)] @ q.unsqueeze(-1)).squeeze(-1)
-        scores = scores.masked_fill(cand < 0, -torch.inf)
+        Work is grouped by list: the queries that probe a list are scored against its items in one
+        matrix product, and each keeps its best k there; the per-query winners are merged at the end."""
+        q = queries.float()
+        ones = [torch.ones(len(q), 1, dtype=q.dtype, device=q.device)] if self.has_bias else []
+        q = torch.cat([q, *ones, torch.zeros(len(q), 1, dtype=q.dtype, device=q.device)], dim=1)
+        probe = min(self.n_lists, n_probe or self.n_probe)
+        n_excl = max((len(e) for e in exclude), default=0) if exclude is not None else 0
+        keep = k + n_excl  # per list, enough to survive the exclusions
+        lists = (q @ self.centroids.T).topk(probe, dim=1).indices.flatten()  # (Q * probe,)
+        who = torch.arange(len(q), device=q.device).repeat_interleave(probe)
+        order = torch.argsort(lists, stable=True)
+        lists, who = lists[order], who[order]
+        values = torch.full((len(q) * probe, keep), -torch.inf, device=q.device)
+        rows = torch.full((len(q) * probe, keep), -1, dtype=torch.long, device=q.device)
+        uniq, counts = torch.unique_consecutive(lists, return_counts=True)
+        at = 0
+        for lst, cnt in zip(uniq.tolist(), counts.tolist(), strict=True):
+            lo, hi = self.offsets[lst], self.offsets[lst + 1]
+            if hi > lo:
+                scores = q[who[at : at + cnt]] @ self.sorted_items[lo:hi].T  # (queries of this list, its items)
+                top = scores.topk(min(keep, hi - lo), dim=1)
+                values[at : at + cnt, : top.values.shape[1]] = top.values
+                rows[at : at + cnt, : top.values.shape[1]] = self.order[lo + top.indices]
+            at += cnt
+        back = torch.argsort(order)  # rows back in (query, probe) order
+        values = values[back].view(len(q), probe * keep)
+        rows = rows[back].view(len(q), probe * keep)
         if exclude is not None:
-            for row, items in enumerate(exclude):
+            for r, items in enumerate(exclude):
                 if items:
-                    hit = torch.isin(cand[row], torch.as_tensor(items, device=cand.device) - 1)
-                    scores[row] = scores[row].masked_fill(hit, -torch.inf)
-        kk = min(k, scores.shape[1])
-        top = scores.topk(kk, dim=1)
-        ids = torch.where(torch.isfinite(top.values), cand.gather(1, top.indices) + 1, 0)
+                    hit = torch.isin(rows[r], torch.as_tensor(items, device=rows.device) - 1)
+                    values[r] = values[r].masked_fill(hit, -torch.inf)
+        kk = min(k, values.shape[1])
+        top = values.topk(kk, dim=1)
+        ids = torch.where(torch.isfinite(top.values), rows.gather(1, top.indices) + 1, 0)
         if kk < k:
-            pad = k - kk
-            top_values = F.pad(top.values, (0, pad), value=-torch.inf)
-            return top_values, F.pad(ids, (0, pad), value=0)
+            return F.pad(top.values, (0, k - kk), value=-torch.inf), F.pad(ids, (0, k - kk), value=0)
         return top.values, ids
