@@ -196,14 +196,20 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def section(title: str, intro: str, columns: list[str]) -> list[str]:
+    """A section's heading, introduction and table header."""
+    return [f"## {title}", "", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def item2vec_gensim(d: dict[str, Any]) -> list[str]:
-    lines = ["## item2vec: seqrec vs gensim Word2Vec on the same sentences", "",
-             "Script: `benchmarks/item2vec_vs_gensim.py`; file: `results/item2vec_vs_gensim.json`. Same "
-             "hyper-parameters, user state and cosine scoring, one thread each, run one after the other in one "
-             "process; gensim's epoch count chosen on validation. `to gensim's valid`: seqrec's training seconds "
-             "(evaluation excluded) until its validation NDCG@10 first reaches gensim's best.", "",
-             "| dataset | library | R@10 | N@10 | R@50 | N@50 | train s | s / epoch | to gensim's valid |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = section(
+        "item2vec: seqrec vs gensim Word2Vec on the same sentences",
+        "Script: `benchmarks/item2vec_vs_gensim.py`; file: `results/item2vec_vs_gensim.json`. Same "
+        "hyper-parameters, user state and cosine scoring, one thread each, run one after the other in one "
+        "process; gensim's epoch count chosen on validation. `seqrec` shares 64 negatives across a batch's pairs, "
+        "`seqrec_per_pair` draws k per pair as word2vec does. `to gensim's valid`: seqrec's training seconds "
+        "(evaluation excluded) until its validation NDCG@10 first reaches gensim's best.",
+        ["dataset", "library", "R@10", "N@10", "R@50", "N@50", "train s", "s / epoch", "to gensim's valid"])
     for name, r in d.items():
         for lib in ("gensim", "seqrec", "seqrec_per_pair"):
             if lib not in r:
@@ -263,13 +269,14 @@ def unisrec(d: dict[str, Any]) -> list[str]:
 
 
 def ann(d: dict[str, Any]) -> list[str]:
-    lines = ["## Approximate top-k (IVF index) against exact scoring", "",
-             "Script: `benchmarks/ann.py`; file: `results/ann.json`. Queries: the test users' states of the run; "
-             "`recall vs exact`: share of the exact top-10 that the index returns; R@10 / N@10: the test metrics "
-             "of the index's top-10 (none on a grown catalogue, which is synthetic); times: median per query "
-             "batch, one thread.", "",
-             "| catalogue | items | lists | n_probe | share scored | recall vs exact | R@10 (exact) | N@10 (exact) "
-             "| 1 query ms (exact) | 256 queries ms (exact) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = section(
+        "Approximate top-k (IVF index) against exact scoring",
+        "Script: `benchmarks/ann.py`; file: `results/ann.json`. Queries: the test users' states of the run; "
+        "`recall vs exact`: share of the exact top-10 that the index returns; R@10 / N@10: the test metrics "
+        "of the index's top-10 (none on a grown catalogue, which is synthetic); times: median per query "
+        "batch, one thread.",
+        ["catalogue", "items", "lists", "n_probe", "share scored", "recall vs exact", "R@10 (exact)",
+         "N@10 (exact)", "1 query ms (exact)", "256 queries ms (exact)"])
     for r in d.values():
         ex = r["exact"]
         for p in r["probes"]:
