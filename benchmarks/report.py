@@ -291,6 +291,19 @@ def ann(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def text_encoding(d: dict[str, Any]) -> list[str]:
+    lines = section(
+        "Text encoding throughput (frozen encoder)",
+        "Script: `benchmarks/text_encode.py`; file: `results/text_encoding.json`. Every item text of the "
+        "dataset, mean pooling, max 128 tokens, batch 64, median of repeats; the cache is not used.",
+        ["dataset", "encoder", "texts", "tokens", "threads", "texts/s", "tokens/s"])
+    for r in d.values():
+        for run in r["runs"]:
+            lines.append(f"| {r['dataset']} | {r['encoder']} | {r['texts']} | {r['tokens']} | {run['threads']} | "
+                         f"{run['texts_per_s']:.0f} | {run['tokens_per_s']:.0f} |")
+    return lines
+
+
 def _mean_std(cell: dict[str, Any], metric: str) -> str:
     return f"{cell[metric]['mean']:.4f} ± {cell[metric]['std']:.4f}"
 
@@ -335,6 +348,7 @@ SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("item2vec_vs_gensim.json", item2vec_gensim),
     ("unisrec.json", unisrec),
     ("ann.json", ann),
+    ("text_encoding.json", text_encoding),
     ("features.json", features),
     ("output_layer.json", output_layer),
 ]

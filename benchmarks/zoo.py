@@ -1,4 +1,4 @@
-"""The ID model zoo under one trainer: item2vec, GRU4Rec, SASRec, BERT4Rec (UniSRec: its own script).
+"""The model zoo under one trainer: item2vec, GRU4Rec, SASRec, BERT4Rec and UniSRec (text only, from scratch).
 
 Same protocol for every cell: leave-one-out, full ranking over all items, model
 chosen on validation NDCG@10 (early stopping, patience 5 epochs; 20 for BERT4Rec,
@@ -14,6 +14,9 @@ few users: smaller batches, more steps), the loss of the sequence models (full
 softmax CE on ml-100k and Scientific; sampled softmax with 1,024 uniform negatives
 shared by the batch on Beauty, Sports and Yelp, about a tenth of the cost of CE
 there) and the training-time budget of a cell. None of these was tuned per cell.
+UniSRec (text only, no pre-training; its own cosine softmax over every item) runs where the
+items have real text; Beauty and Sports carry generated ids instead, diginetica none.
+The pre-trained and fine-tuned UniSRec runs are in benchmarks/unisrec_runs.sh.
 
     python benchmarks/zoo.py ml-100k amazon-scientific-unisrec --models item2vec gru4rec sasrec bert4rec
     python benchmarks/zoo.py amazon-beauty-p5 --models sasrec --budget 1800 --set train.batch_size=256
@@ -45,7 +48,8 @@ DATASETS: dict[str, tuple[int, int, list[str], float]] = {
     "diginetica-sample": (50, 32, ['model.loss="ce"'], 300.0),
 }
 COMMON = ["train.epochs=300", "train.patience=5", "train.threads=1", "train.progress=false", "eval.ks=[10, 50]"]
-SEQUENCE_MODELS = ("gru4rec", "sasrec", "bert4rec")
+SEQUENCE_MODELS = ("gru4rec", "sasrec", "bert4rec", "unisrec")
+NO_TEXT = {"amazon-beauty-p5", "amazon-sports-p5", "diginetica-sample"}  # no real item text for UniSRec
 MODELS: dict[str, list[str]] = {
     "item2vec": ['model.name="item2vec"', "model.d=64", "model.window=5", "model.n_negatives=5",
                  "model.subsample=1e-3", "model.recency=0.8", 'model.scoring="cosine"', "train.lr=0.005",
@@ -56,8 +60,10 @@ MODELS: dict[str, list[str]] = {
     "bert4rec": ['model.name="bert4rec"', "model.d=64", "model.n_layers=2", "model.n_heads=2", "model.d_ff=256",
                  "model.dropout=0.2", "model.attn_dropout=0.2", "model.mask_prob=0.2", "model.last_mask_share=0.1",
                  "train.lr=0.001", "train.bf16=true", "train.patience=20"],  # the cloze objective learns slowly
+    "unisrec": ['model.name="unisrec"', "model.d=64", "model.n_layers=2", "model.n_heads=2", "model.d_ff=256",
+                "model.dropout=0.5", "model.attn_dropout=0.5", "model.temperature=0.07", "model.n_experts=8",
+                "model.adaptor_dropout=0.2", "train.lr=0.001"],
 }
-SLOTS = {"unisrec": "UniSRec is benchmarked by its own scripts (text-based); its row is left to that work"}
 
 
 def settings(dataset: str, model: str) -> list[str]:
@@ -65,7 +71,7 @@ def settings(dataset: str, model: str) -> list[str]:
     max_len, batch, loss, _ = DATASETS[dataset]
     per_dataset = [f"data.max_len={max_len}"]
     if model in SEQUENCE_MODELS:
-        per_dataset += [f"train.batch_size={batch}", *loss]
+        per_dataset += [f"train.batch_size={batch}", *(loss if model != "unisrec" else [])]
     return [*COMMON, *MODELS[model], *per_dataset]
 
 
@@ -90,7 +96,7 @@ def cell(dataset: str, model: str, overrides: list[str], budget: float, tag: str
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("datasets", nargs="+", choices=DATASETS)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, *SLOTS])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--set", action="append", default=[], help="config override for every cell")
     p.add_argument("--budget", type=float, default=None,
                    help="training seconds per cell (0 = none; default: the dataset's, see DATASETS)")
@@ -106,8 +112,8 @@ def main() -> None:
     for dataset in args.datasets:
         for model in args.models:
             key = f"{dataset}/{model}{args.tag}"
-            if model in SLOTS:
-                logging.info("%s: %s", key, SLOTS[model])
+            if model == "unisrec" and dataset in NO_TEXT:
+                logging.info("%s: skipped, the dataset has no real item text", key)
                 continue
             budget = DATASETS[dataset][3] if args.budget is None else args.budget
             cmd = [sys.executable, __file__, *args.datasets[:1], "--one", dataset, model, "--budget",
