@@ -125,6 +125,8 @@ def _run_cells(r: dict[str, Any]) -> list[str]:
 
 def _loss_name(model_cfg: dict[str, Any]) -> str:
     loss = model_cfg.get("loss")
+    if model_cfg.get("name") == "unisrec":
+        return "cosine CE"
     if loss is None:
         return "SGNS"
     if loss == "sampled_softmax":
@@ -140,7 +142,8 @@ def zoo(d: dict[str, Any]) -> list[str]:
              "`MODELS`); file: `results/zoo.json` (each entry records its command and full config). Leave-one-out, "
              "full ranking over all items, seen items not filtered, model chosen on validation NDCG@10 "
              "(patience 5; BERT4Rec 20), one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by "
-             "its training-time budget. "
+             "its training-time budget. UniSRec here is text only, from scratch, and runs where items have "
+             "real text (not Beauty or Sports, whose item text is generated ids). "
              "Peak RSS is the cell's own process.", "",
              "| dataset | model | R@10 | N@10 | R@50 | N@50 | loss | max len | best / run epochs | train s | "
              "peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -150,7 +153,7 @@ def zoo(d: dict[str, Any]) -> list[str]:
     for key in keys:
         r = d[key]
         cfg = r.get("config", {})
-        name = r["model"] + key.split(r["model"], 1)[-1]
+        name = r["model"] + key.split("/", 1)[-1].removeprefix(r["model"])  # the model and the run's tag
         lines.append(_metric_row(f"{r['dataset']} | {name}", r["test"],
                                  [_loss_name(cfg.get("model", {})), str(cfg.get("data", {}).get("max_len", "")),
                                   *_run_cells(r)]))
