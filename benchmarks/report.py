@@ -263,7 +263,9 @@ def unisrec(d: dict[str, Any]) -> list[str]:
                          f"{r['final_loss']:.3f} | {r['peak_rss_mb']:.0f} |")
     enc = d.get("text_encoding", {})
     if enc:
-        lines += ["", "Text encoding (frozen encoder, both views: original and word-dropped).", "",
+        lines += ["", "Text encoding when each cache was first built (frozen encoder, both views: original and "
+                  "word-dropped; the machine was shared with other runs; `benchmarks/text_encode.py` measures "
+                  "it on its own).", "",
                   "| dataset/cache key | encoder | items | views | seconds | texts/s |", "|---|---|---|---|---|---|"]
         for key, r in enc.items():
             lines.append(f"| {key} | {r['encoder']} | {r['items']} | {r['views']} | {r['seconds']:.0f} | "
