@@ -58,7 +58,22 @@ def run_recbole(out: Path, epochs: int) -> dict[str, Any]:
     return {"process": proc, "result": json.loads(out.read_text())}
 
 
-def run_seqrec(run_dir: Path, batch_size: int, stride: int) -> dict[str, Any]:
+# seqrec runs: name -> (batch size in windows, window stride, extra overrides). "recbole-arch" is
+# RecBole's SASRec layout (LayerNorm on item + position, no sqrt(d) scaling of the item embeddings);
+# "jitter" draws the training windows' boundaries afresh each epoch (data.jitter).
+RECBOLE_ARCH = ["model.input_norm=true", "model.emb_scale=false"]
+SEQREC_RUNS: dict[str, tuple[int, int, list[str]]] = {
+    "seqrec-batch64-stride0": (64, 0, []),
+    "seqrec-batch64-stride0-recbole-arch-jitter": (64, 0, [*RECBOLE_ARCH, "data.jitter=true"]),
+    "seqrec-batch64-stride10-recbole-arch-jitter": (64, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
+    "seqrec-batch64-stride10-recbole-arch-jitter-seed2021": (64, 10, [*RECBOLE_ARCH, "data.jitter=true",
+                                                                      "train.seed=2021"]),
+    "seqrec-batch64-stride25": (64, 25, []),
+    "seqrec-batch256-stride0": (256, 0, []),
+}
+
+
+def run_seqrec(run_dir: Path, batch_size: int, stride: int, extra: list[str]) -> dict[str, Any]:
     from seqrec.data.catalog import load_known
     from seqrec.data.prepare import PrepareOptions, prepare
 
@@ -71,7 +86,7 @@ def run_seqrec(run_dir: Path, batch_size: int, stride: int) -> dict[str, Any]:
             f"train.batch_size={batch_size}",
             f"data.stride={stride}",
             f"train.epochs={HP['epochs']}", f"train.patience={HP['patience']}", f"train.seed={HP['seed']}",
-            f"train.threads={HP['threads']}", "train.progress=false"]
+            f"train.threads={HP['threads']}", "train.progress=false", *extra]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
@@ -89,22 +104,25 @@ def time_to_reach(epochs: list[dict[str, Any]], target: float) -> float | None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seqrec-runs", default="64:25,64:0,256:0",
-                   help="seqrec runs as batch:stride; a seqrec sample is a window of up to max_len targets, "
-                        "a RecBole sample is one prefix (one target)")
+    p.add_argument("--seqrec-runs", default="seqrec-batch64-stride0,seqrec-batch64-stride0-recbole-arch-jitter,"
+                   "seqrec-batch64-stride10-recbole-arch-jitter,seqrec-batch64-stride10-recbole-arch-jitter-seed2021",
+                   help=f"comma-separated names of seqrec runs, from {sorted(SEQREC_RUNS)}; a seqrec sample is a "
+                        "window of up to max_len targets, a RecBole sample is one prefix (one target)")
     p.add_argument("--sequential", action="store_true", help="run RecBole first, then seqrec (default: side by side)")
     p.add_argument("--recbole-epochs", type=int, default=HP["epochs"],
                    help="cap RecBole's epochs (recorded); the target is then its best within the cap")
     args = p.parse_args()
     out_dir = WORK / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
-    seqrec_runs = [tuple(int(x) for x in r.split(":")) for r in args.seqrec_runs.split(",")]
+    names = args.seqrec_runs.split(",")
+    unknown = sorted(set(names) - set(SEQREC_RUNS))
+    if unknown:
+        raise SystemExit(f"unknown seqrec runs {unknown}; known: {sorted(SEQREC_RUNS)}")
     with ThreadPoolExecutor(max_workers=1) as pool:
         rb_future = pool.submit(run_recbole, out_dir / "recbole-sasrec.json", args.recbole_epochs)
         if args.sequential:
             rb_future.result()
-        sq_runs = {f"seqrec-batch{bs}-stride{st}": (bs, st, run_seqrec(out_dir / f"seqrec-b{bs}-s{st}", bs, st))
-                   for bs, st in seqrec_runs}
+        sq_runs = {name: (*SEQREC_RUNS[name], run_seqrec(out_dir / name, *SEQREC_RUNS[name])) for name in names}
         rb = rb_future.result()
     rb_epochs = rb["result"]["epochs"]
     rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
@@ -112,10 +130,12 @@ def main() -> None:
     rows: dict[str, Any] = {"recbole": {**rb["process"], "best_valid_ndcg@10": rb_best,
                                         "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
                                         "time_to_best_s": rb_best_at, "epochs_run": len(rb_epochs),
-                                        "test": rb["result"].get("test")}}
-    for name, (bs, st, sq) in sq_runs.items():
+                                        "test": rb["result"].get("test"),
+                                        "curve": [(e["elapsed_s"], e["valid_ndcg@10"]) for e in rb_epochs]}}
+    for name, (bs, st, extra, sq) in sq_runs.items():
         reach = time_to_reach(sq["epochs"], rb_best)
-        rows[name] = {**sq["process"], "batch_size": bs, "stride": st,
+        rows[name] = {**sq["process"], "batch_size": bs, "stride": st, "overrides": extra,
+                      "curve": [(e["elapsed_s"], e["valid"]["ndcg@10"]) for e in sq["epochs"]],
                       "self_peak_rss_mb": sq["result"]["peak_rss_mb"],
                       "best_valid_ndcg@10": sq["result"]["valid"]["ndcg@10"],
                       "epochs_run": sq["result"]["epochs_run"], "test": sq["result"]["test"],

@@ -32,6 +32,7 @@ class DataConfig:
     dataset: str = ""  # a prepared-dataset folder, or a name under $SEQREC_HOME/prepared
     max_len: int = 50  # items of history the model sees
     stride: int = 0  # training windows: targets per window (0 = max_len, consecutive windows; smaller overlaps)
+    jitter: bool = False  # draw the window boundaries afresh each epoch (seqrec.data.batching.TrainBatches)
 
     def __post_init__(self) -> None:
         if self.max_len < 1:

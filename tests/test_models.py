@@ -26,6 +26,7 @@ VARIANTS = [
     ("unisrec", {}),
     ("sasrec", {}),
     ("sasrec", {"norm_first": False, "output_bias": True, "positions": "sinusoidal"}),
+    ("sasrec", {"norm_first": False, "input_norm": True, "emb_scale": False}),  # RecBole's layout
     ("sasrec", {"loss": "bce", "n_negatives": 3}),
     ("sasrec", {"loss": "sampled_softmax", "n_negatives": 8, "negatives": "popularity", "logq": True}),
     ("sasrec", {"loss": "gbce", "n_negatives": 4, "gbce_t": 0.5}),
@@ -103,6 +104,23 @@ def test_causal_models_do_not_see_the_future(name: str, extra: dict) -> None:
     ha, hb = model.hidden(a), model.hidden(b)  # type: ignore[operator]
     torch.testing.assert_close(ha[:, :4], hb[:, :4])
     assert not torch.allclose(ha[:, 4:], hb[:, 4:])
+
+
+def test_sasrec_input_norm_normalises_item_plus_position() -> None:
+    """With input_norm (and no sqrt(d) scaling) the blocks see LayerNorm(item + position): scaling both
+    tables by the same factor changes nothing; without it, the same scaling changes the output."""
+    a = torch.tensor([[0, 1, 2, 3, 4, 5]])
+    for input_norm in (True, False):
+        model = make("sasrec", {"input_norm": input_norm, "emb_scale": False}).eval()
+        with torch.no_grad():  # unit-scale tables, so LayerNorm's eps is negligible
+            model.item_emb.weight.normal_()
+            model.pos_emb.weight.normal_()  # type: ignore[union-attr]
+        before = model.hidden(a)  # type: ignore[operator]
+        with torch.no_grad():
+            model.item_emb.weight.mul_(7.0)
+            model.pos_emb.weight.mul_(7.0)  # type: ignore[union-attr]
+        after = model.hidden(a)  # type: ignore[operator]
+        assert torch.allclose(before, after, atol=1e-4) == input_norm
 
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS)

@@ -53,13 +53,18 @@ def test_dedupe_and_kcore(tmp_path: Path) -> None:
     assert kcore(frame, 3).height == 0
 
 
-@pytest.mark.parametrize("stride", [0, 1, 3])
-def test_leave_one_out_split_keeps_targets_out_of_training(tiny_dataset: PreparedDataset, stride: int) -> None:
+@pytest.mark.parametrize(("stride", "jitter_seed"), [(0, None), (1, None), (3, None), (0, 0), (3, 1), (4, 2)])
+def test_leave_one_out_split_keeps_targets_out_of_training(tiny_dataset: PreparedDataset, stride: int,
+                                                           jitter_seed: int | None) -> None:
     d = tiny_dataset
     lengths = d.lengths
     np.testing.assert_array_equal(d.split[:, 1], lengths - 1)
     np.testing.assert_array_equal(d.split[:, 0], lengths - 2)
-    context, start, end, user = training_windows(d.offsets, d.train_end(), max_len=4, stride=stride)
+    shift = None
+    if jitter_seed is not None:  # jittered boundaries keep every contract below
+        shift = np.random.default_rng(jitter_seed).integers(0, stride or 4, size=d.n_users)
+        assert shift.any()
+    context, start, end, user = training_windows(d.offsets, d.train_end(), max_len=4, stride=stride, shift=shift)
     # every training target lies strictly before the user's validation position
     valid_flat = d.offsets[:-1] + d.split[:, 0]
     assert (end <= valid_flat[user]).all()
@@ -77,6 +82,23 @@ def test_leave_one_out_split_keeps_targets_out_of_training(tiny_dataset: Prepare
         assert covered[a] == 0
         assert (covered[a + 1 : a + d.split[u, 0]] == 1).all()
         assert (covered[a + d.split[u, 0] : d.offsets[u + 1]] == 0).all()
+
+
+def test_jitter_moves_window_boundaries_between_epochs(tiny_dataset: PreparedDataset) -> None:
+    """Each jittered epoch is a different cut of the same targets: every target once, boundaries moved."""
+    batches = TrainBatches(tiny_dataset, max_len=4, batch_size=8, seed=0, jitter=True)
+    epochs = []
+    for _ in range(3):
+        cuts = set()
+        n = 0
+        for b in batches:
+            assert b.targets is not None and b.users is not None
+            n += int((b.targets != 0).sum())
+            for u, row in zip(b.users.tolist(), b.targets.tolist(), strict=True):
+                cuts.add((u, tuple(t for t in row if t)))
+        assert n == batches.n_targets == TrainBatches(tiny_dataset, max_len=4, batch_size=8, seed=0).n_targets
+        epochs.append(cuts)
+    assert epochs[0] != epochs[1] or epochs[1] != epochs[2]
 
 
 def test_batches_are_left_padded_shifted_pairs(tiny_dataset: PreparedDataset) -> None:

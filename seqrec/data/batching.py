@@ -52,12 +52,15 @@ class Batch:
 
 
 def training_windows(
-    offsets: np.ndarray, train_end: np.ndarray, max_len: int, stride: int = 0
+    offsets: np.ndarray, train_end: np.ndarray, max_len: int, stride: int = 0, shift: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(context, start, end, user) of every window, as flat indices into the item array.
 
     A window's targets are events [start, end), at most `stride` of them (0 = max_len);
-    its inputs are [context - 1, end - 1), at most `max_len` of them.
+    its inputs are [context - 1, end - 1), at most `max_len` of them. `shift` (per user, in
+    [0, stride)) moves the window boundaries: a user's `shift` most recent targets get a window
+    of their own (with full context) and the others are cut from there, so a jittered epoch
+    still makes every training event a target exactly once.
     """
     stride = stride or max_len
     if not 1 <= stride <= max_len:
@@ -65,12 +68,15 @@ def training_windows(
     first_target = offsets[:-1] + 1
     last = offsets[:-1] + train_end  # one past the last training event
     n_targets = np.maximum(last - first_target, 0)
-    n_windows = -(-n_targets // stride)  # ceil
+    lead = np.zeros_like(n_targets) if shift is None else np.minimum(shift, n_targets)
+    has_lead = (lead > 0).astype(n_targets.dtype)
+    n_windows = has_lead - (-(n_targets - lead) // stride)  # the lead window + ceil(rest / stride)
     user = np.repeat(np.arange(len(n_targets)), n_windows)
-    # window j of a user (j = 0 most recent) ends at last - j * stride
+    # window j of a user (j = 0 most recent) ends at last, then at last - lead - (j - has_lead) * stride
     j = np.arange(n_windows.sum()) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)
-    end = last[user] - j * stride
-    start = np.maximum(end - stride, first_target[user])
+    is_lead = (j == 0) & (has_lead[user] == 1)
+    end = np.where(is_lead, last[user], last[user] - lead[user] - (j - has_lead[user]) * stride)
+    start = np.where(is_lead, end - lead[user], np.maximum(end - stride, first_target[user]))
     context = np.maximum(end - max_len, first_target[user])
     return context, start, end, user
 
@@ -110,14 +116,20 @@ def bucketed_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
 
 
 class TrainBatches:
-    """Iterable over one epoch of next-item training batches."""
+    """Iterable over one epoch of next-item training batches.
+
+    `jitter`: each epoch draws every user's window boundaries afresh (`training_windows`'s
+    `shift`), so a target is not always at the same place of the same window and sees a
+    different amount of history from one epoch to the next; the cost per epoch is unchanged.
+    """
 
     def __init__(self, data: PreparedDataset, max_len: int, batch_size: int, seed: int, stride: int = 0,
-                 events: Mapping[str, np.ndarray] | None = None) -> None:
+                 events: Mapping[str, np.ndarray] | None = None, jitter: bool = False) -> None:
         self.items = data.items.astype(np.int64)
         self.events = events
-        self.context, self.start, self.end, self.user = training_windows(
-            data.offsets, data.train_end(), max_len, stride)
+        self._windows = (data.offsets, data.train_end(), max_len, stride)
+        self.stride, self.jitter = stride or max_len, jitter
+        self.context, self.start, self.end, self.user = training_windows(*self._windows)
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
 
@@ -129,6 +141,9 @@ class TrainBatches:
         return -(-len(self.start) // self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.jitter:
+            shift = self.rng.integers(0, self.stride, size=len(self._windows[1]))
+            self.context, self.start, self.end, self.user = training_windows(*self._windows, shift=shift)
         for rows in bucketed_order(self.end - self.context, self.batch_size, self.rng):
             c, s, e = self.context[rows], self.start[rows], self.end[rows]
             inputs = _gather(self.items, c, e, shift=-1)

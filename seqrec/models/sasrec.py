@@ -1,7 +1,7 @@
 """SASRec: Self-Attentive Sequential Recommendation (Kang & McAuley, ICDM 2018).
 
     x_l = F(E[s_l], features_l) * sqrt(D) + P[l]   item (+ side features, seqrec.nn.features) + position
-    H   = CausalTransformer(dropout(x))             position l sees s_1..s_l only
+    H   = CausalTransformer(dropout(LN(x)))         position l sees s_1..s_l only; LN only with input_norm
     score(i | s_1..s_l) = H_l · U[i] + b_i          U = E (tied, default) or its own table; b optional
 
 Trained on every position of a sequence in one pass, with any loss of
@@ -53,6 +53,7 @@ class SASRecConfig:
     gbce_t: float = 0.75  # gSASRec calibration
     init_std: float = 0.02
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
+    input_norm: bool = False  # LayerNorm(item + position) before the dropout, as BERT and RecBole's SASRec do
 
     def __post_init__(self) -> None:
         check_encoder_config(self)
@@ -69,6 +70,7 @@ class SASRec(SequentialModel):
         d = config.d
         self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0)
         self.pos_emb = make_positions(config.positions, max_len, d)
+        self.emb_ln = nn.LayerNorm(d) if config.input_norm else nn.Identity()
         self.emb_drop = Dropout(config.dropout)
         self.encoder = Encoder(d, config.n_layers, config.n_heads, config.d_ff, config.dropout,
                                config.attn_dropout, config.norm_first)
@@ -84,7 +86,7 @@ class SASRec(SequentialModel):
             x = self.feature_block(x, items, events)
         x = x * (math.sqrt(self.config.d) if self.config.emb_scale else 1.0)
         x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
-        x = self.emb_drop(x) * (items != 0).unsqueeze(-1)
+        x = self.emb_drop(self.emb_ln(x)) * (items != 0).unsqueeze(-1)
         return self.encoder(x, attention_mask(items, causal=True))
 
     def encode(self, batch: Batch) -> torch.Tensor:

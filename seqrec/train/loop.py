@@ -174,7 +174,8 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
     if batches is None:  # every target, with the event features the model takes
         events = dataset_event_values(data, model.event_feature_names())
-        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride, events)
+        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride, events,
+                               jitter=cfg.data.jitter)
     return model, opt, batches
 
 
