@@ -90,8 +90,11 @@ def speed(d: dict[str, Any]) -> list[str]:
                   "`stride` < 50 means overlapping windows that take the loss on their last `stride` targets."]
     if d.get("side_by_side"):
         lines += ["", "The libraries ran side by side, one thread each: RecBole on one core while the seqrec runs "
-                  "went one after another on the other. Other jobs shared the 2-core machine during the run, so "
-                  "both wall times are inflated; CPU seconds (user + sys of each process) are the steadier comparison."]
+                  "went one after another on the other (and, once they were done, other single-thread jobs). The "
+                  "machine is shared, so wall times are noisy; CPU seconds (user + sys of each process) are the "
+                  "steadier comparison. `recbole-arch`: RecBole's SASRec layout (LayerNorm over item + position, "
+                  "no √d scaling: `model.input_norm=true model.emb_scale=false`); `jitter`: the training windows' "
+                  "boundaries are drawn afresh each epoch (`data.jitter=true`)."]
     for name, r in d["runs"].items():
         if r.get("ratio_vs_recbole_time_to_best") is not None:
             lines.append("")

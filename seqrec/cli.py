@@ -126,6 +126,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.loop import fit
 
+    if args.resume:
+        return resume_train(Path(args.resume), args)
     raw = load_toml(Path(args.config)) if args.config else {}
     overrides = list(args.set or [])
     if args.dataset:
@@ -139,9 +141,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{stamp}"
     init = Path(args.init_items_from) if args.init_items_from else None
-    results = fit(cfg, data, run_dir, init_items_from=init)
+    report_run(run_dir, fit(cfg, data, run_dir, init_items_from=init))
+    return 0
+
+
+def report_run(run_dir: Path, results: dict[str, Any]) -> None:
     print(f"run: {run_dir}  (best epoch {results['checkpoint']['epoch']}, {results['train_seconds']:.0f}s)")
     print_metrics(results)
+
+
+def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
+    """`train --resume RUN`: go on from the run's last finished epoch, with the run's own config."""
+    from seqrec.config import resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.io import read_json
+    from seqrec.train.loop import fit
+
+    given = [flag for flag, value in (("--dataset", args.dataset), ("--model", args.model), ("--config", args.config),
+                                      ("--set", args.set), ("--out", args.out),
+                                      ("--init-items-from", args.init_items_from)) if value]
+    if given:
+        raise SeqrecError(f"--resume continues a run with its own config: drop {', '.join(given)}")
+    if not (run_dir / "config.json").is_file():
+        raise SeqrecError(f"{run_dir}: not a run folder (no config.json)")
+    if (run_dir / "results.json").is_file() and not (run_dir / "state").is_dir():
+        raise SeqrecError(f"{run_dir}: the run has finished (results.json is there); nothing to resume")
+    cfg = resolve(read_json(run_dir / "config.json"), [])
+    data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
+    report_run(run_dir, fit(cfg, data, run_dir, resume=True))
     return 0
 
 
@@ -272,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run folder (default runs/DATASET-MODEL-TIME)")
     t.add_argument("--init-items-from", metavar="RUN",
                    help="initialise the item table from RUN's item vectors (e.g. an item2vec run)")
+    t.add_argument("--resume", metavar="RUN",
+                   help="go on with an interrupted run from its last finished epoch (exactly as if uninterrupted)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("evaluate", help="re-evaluate a saved run")
     e.add_argument("run")

@@ -6,6 +6,7 @@ is tested, once, at the end. A run folder holds:
     metrics.jsonl    one line per epoch (loss, throughput, validation metrics)
     checkpoint/      best weights (safetensors + JSON); with train.refit, the refitted model
     checkpoint-selected/  with train.refit only: the validation-chosen model
+    state/           while training: what `--resume` needs to go on exactly (seqrec.train.state)
     results.json     validation and test metrics of the best epoch, with the protocol
     curve.png        the learning curve
 """
@@ -38,6 +39,7 @@ from seqrec.registry import build_model_for
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
 from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
+from seqrec.train.state import LoopState, load_state, save_state
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +101,13 @@ def selection_metric(ks: list[int]) -> str:
 
 
 def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
-        model: SequentialModel | None = None, init_items_from: Path | None = None) -> dict[str, Any]:
+        model: SequentialModel | None = None, init_items_from: Path | None = None,
+        resume: bool = False) -> dict[str, Any]:
     """Train with early stopping on validation, test the best checkpoint once.
 
-    `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table."""
+    `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table.
+    `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
+    the result is the one an uninterrupted run gives."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
     if cfg.train.threads > 0:
@@ -113,51 +118,68 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
     model, opt, batches = setup(cfg, data, device, model, init_items_from)
     metric = selection_metric(cfg.eval.ks)
-    best, best_epoch, bad, start = -1.0, 0, 0, time.perf_counter()
-    ckpt = run_dir / "checkpoint"
-    history: list[dict[str, Any]] = []
-    (run_dir / "metrics.jsonl").write_text("")
-    for epoch in range(1, cfg.train.epochs + 1):
+    state_dir, ckpt = run_dir / "state", run_dir / "checkpoint"
+    if resume:
+        loop = load_state(state_dir, model, opt, batches)
+        init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
+        log.info("resuming after epoch %d (best %s %.4f @ %d)", loop.epoch, metric, loop.best, loop.best_epoch)
+    else:
+        loop = LoopState(init_items_from=None if init_items_from is None else str(init_items_from))
+    # epochs after the saved state (an interrupted one) are dropped from the log
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in loop.history))
+    start = time.perf_counter() - loop.elapsed_s
+    for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
+        if loop.stopped:
+            break
         stats = train_epoch(model, batches, opt, cfg, device, epoch)
         row: dict[str, Any] = {"epoch": epoch, "loss": stats.loss, "train_s": stats.seconds,
                                "targets_per_s": stats.targets_per_s}
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
             valid = evaluate(model, data, "valid", L, cfg.eval, device)
             row["valid"] = valid
-            if valid[metric] > best:
-                best, best_epoch, bad = valid[metric], epoch, 0
+            if valid[metric] > loop.best:
+                loop.best, loop.best_epoch, loop.bad = valid[metric], epoch, 0
                 save_checkpoint(model, ckpt, max_len=L, item_table=data.item_table,
                                 extra={"epoch": epoch, "dataset_fingerprint": data.fingerprint})
             else:
-                bad += 1
+                loop.bad += 1
         row["elapsed_s"] = time.perf_counter() - start
-        history.append(row)
+        loop.history.append(row)
         with (run_dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(row) + "\n")
         log.info("epoch %d loss %.4f %s %.4f (best %.4f @ %d) %.0f targets/s", epoch, stats.loss,
-                 metric, row.get("valid", {}).get(metric, float("nan")), best, best_epoch,
+                 metric, row.get("valid", {}).get(metric, float("nan")), loop.best, loop.best_epoch,
                  stats.targets_per_s)
-        if bad >= cfg.train.patience:
-            log.info("early stop: no better %s for %d evaluations", metric, bad)
-            break
-        if cfg.train.time_budget_s and row["elapsed_s"] > cfg.train.time_budget_s:
+        if loop.bad >= cfg.train.patience:
+            log.info("early stop: no better %s for %d evaluations", metric, loop.bad)
+            loop.stopped = True
+        elif cfg.train.time_budget_s and row["elapsed_s"] > cfg.train.time_budget_s:
             log.info("time budget of %.0f s reached", cfg.train.time_budget_s)
-            break
-    best_model, _ = load_checkpoint(ckpt, device)
-    test_model = best_model
+            loop.stopped = True
+        loop.epoch, loop.elapsed_s = epoch, row["elapsed_s"]
+        save_state(state_dir, loop, model, opt, batches)
     if cfg.train.refit:
         selected = run_dir / "checkpoint-selected"
-        shutil.rmtree(selected, ignore_errors=True)
-        ckpt.rename(selected)
-        test_model = refit(cfg, data, device, best_epoch, init_items_from, start_model)
+        if resume and selected.is_dir():  # stopped after the rename: a checkpoint/ there is a refit's
+            shutil.rmtree(ckpt, ignore_errors=True)
+        else:
+            shutil.rmtree(selected, ignore_errors=True)
+            ckpt.rename(selected)
+        best_model, _ = load_checkpoint(selected, device)
+        test_model = refit(cfg, data, device, loop.best_epoch, init_items_from, start_model)
         save_checkpoint(test_model, ckpt, max_len=L, item_table=data.item_table,
-                        extra={"epoch": best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
+                        extra={"epoch": loop.best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
+    else:
+        best_model, _ = load_checkpoint(ckpt, device)
+        test_model = best_model
     train_seconds = time.perf_counter() - start
-    results = final_results(best_model, test_model, data, cfg, device, best_epoch, history, train_seconds)
+    results = final_results(best_model, test_model, data, cfg, device, loop.best_epoch, loop.history,
+                            train_seconds)
     if init_items_from is not None:
         results["init_items_from"] = str(init_items_from)
     write_json_atomic(run_dir / "results.json", results)
-    learning_curve(history, metric, run_dir / "curve.png")
+    learning_curve(loop.history, metric, run_dir / "curve.png")
+    shutil.rmtree(state_dir, ignore_errors=True)  # the run is complete: nothing left to resume
     return results
 
 

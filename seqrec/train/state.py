@@ -1,0 +1,112 @@
+"""Exact resume: everything a training run needs to go on as if it had never stopped.
+
+After every epoch, `fit` writes `state/` in the run folder (atomically, so a crash while
+writing leaves the previous state whole):
+    model.safetensors      the current weights (not the best: those are in checkpoint/)
+    optimizer.safetensors  every tensor of the optimizer state, keyed "<param index>.<name>"
+    state.json             loop counters (epoch, best, patience, elapsed time, history), the
+                           optimizer's param groups and scalar state, and the random states:
+                           Python's, torch's (CPU and CUDA, as byte lists) and the batch feeder's
+                           NumPy generator
+`seqrec train --resume RUN` reads it back; resumed and uninterrupted runs give the same
+weights and metrics. No pickle: tensors go through safetensors, the rest is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from seqrec.data.io import atomic_dir, read_json
+from seqrec.errors import SeqrecError
+from seqrec.models.base import EpochBatches, SequentialModel
+
+
+@dataclass
+class LoopState:
+    """The early-stopping loop's counters after `epoch` epochs."""
+
+    epoch: int = 0
+    best: float = -1.0
+    best_epoch: int = 0
+    bad: int = 0
+    elapsed_s: float = 0.0
+    stopped: bool = False  # early stopping or the time budget ended the epochs
+    init_items_from: str | None = None  # the run whose item vectors initialised the model (a refit needs it)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _rng_state(batches: EpochBatches) -> dict[str, Any] | None:
+    rng = getattr(batches, "rng", None)
+    return dict(rng.bit_generator.state) if isinstance(rng, np.random.Generator) else None
+
+
+def save_state(dest: Path, loop: LoopState, model: SequentialModel, opt: torch.optim.Optimizer,
+               batches: EpochBatches) -> None:
+    opt_state = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, slots in opt_state["state"].items():
+        for name, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{idx}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[name] = value
+    meta = {
+        "loop": loop.__dict__,
+        "optimizer": {"param_groups": opt_state["param_groups"], "scalars": scalars},
+        "random": {
+            "python": _jsonable(random.getstate()),
+            "torch": torch.get_rng_state().tolist(),
+            "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+            "batches": _rng_state(batches),
+        },
+    }
+    with atomic_dir(dest) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(meta) + "\n")
+
+
+def load_state(src: Path, model: SequentialModel, opt: torch.optim.Optimizer,
+               batches: EpochBatches) -> LoopState:
+    """Restore weights, optimizer, random states and the feeder's generator; return the loop counters."""
+    if not (src / "state.json").is_file():
+        raise SeqrecError(f"{src.parent}: nothing to resume (no {src.name}/state.json)")
+    meta = read_json(src / "state.json")
+    device = next(model.parameters()).device
+    load_model(model, str(src / "model.safetensors"), device=str(device))
+    flat = load_file(str(src / "optimizer.safetensors"))
+    per_param: dict[int, dict[str, Any]] = {}
+    for key, value in flat.items():
+        idx, name = key.split(".", 1)
+        per_param.setdefault(int(idx), {})[name] = value
+    for idx, slots in meta["optimizer"]["scalars"].items():
+        per_param.setdefault(int(idx), {}).update(slots)
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["optimizer"]["param_groups"]]
+    opt.load_state_dict({"state": per_param, "param_groups": groups})
+    rnd = meta["random"]
+    random.setstate(_tuples(rnd["python"]))
+    torch.set_rng_state(torch.tensor(rnd["torch"], dtype=torch.uint8))
+    if rnd["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in rnd["cuda"]])
+    rng = getattr(batches, "rng", None)
+    if rnd["batches"] is not None and isinstance(rng, np.random.Generator):
+        rng.bit_generator.state = rnd["batches"]
+    return LoopState(**meta["loop"])
+
+
+def _jsonable(x: Any) -> Any:
+    return [_jsonable(v) for v in x] if isinstance(x, tuple | list) else x
+
+
+def _tuples(x: Any) -> Any:
+    """random.getstate() is nested tuples; JSON gave lists back."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x

@@ -1,0 +1,76 @@
+"""Exact resume: a run stopped after an epoch and resumed ends exactly where an uninterrupted run ends."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqrec.config import resolve
+from seqrec.data.dataset import PreparedDataset
+from seqrec.train import loop
+from seqrec.train.checkpoint import load_checkpoint
+
+
+class Interrupted(Exception):
+    pass
+
+
+def settings(data: PreparedDataset, name: str, extra: list[str]) -> list[str]:
+    # dropout and jittered, overlapping windows: every random stream matters for exactness
+    return [f'data.dataset="{data.path}"', "data.max_len=8", "data.stride=3", "data.jitter=true",
+            f'model.name="{name}"', "model.d=16", "train.epochs=5", "train.patience=50",
+            "train.progress=false", "train.threads=1", *extra]
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def interrupt_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
+    real = loop.train_epoch
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if args[-1] == epoch:  # train_epoch(model, batches, opt, cfg, device, epoch)
+            raise Interrupted
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_epoch", failing)
+
+
+@pytest.mark.parametrize(("name", "extra"), [("sasrec", ["model.dropout=0.3"]),
+                                             ("gru4rec", ["model.dropout=0.3", "train.refit=true"]),
+                                             ("item2vec", [])])
+def test_resumed_run_equals_uninterrupted_run(name: str, extra: list[str], tiny_dataset: PreparedDataset,
+                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = resolve({}, settings(tiny_dataset, name, extra))
+    whole = loop.fit(cfg, tiny_dataset, tmp_path / "whole")
+    assert not (tmp_path / "whole" / "state").exists()  # a finished run leaves nothing to resume
+
+    with monkeypatch.context() as m:
+        interrupt_at(m, 3)
+        with pytest.raises(Interrupted):
+            loop.fit(cfg, tiny_dataset, tmp_path / "cut")
+    assert [r["epoch"] for r in metrics(tmp_path / "cut")] == [1, 2]
+    resumed = loop.fit(cfg, tiny_dataset, tmp_path / "cut", resume=True)
+
+    drop = {"train_s", "targets_per_s", "elapsed_s"}  # timings differ, nothing else may
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in metrics(tmp_path / "cut")]
+            == [{k: v for k, v in r.items() if k not in drop} for r in metrics(tmp_path / "whole")])
+    assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
+    a, _ = load_checkpoint(tmp_path / "whole" / "checkpoint")
+    b, _ = load_checkpoint(tmp_path / "cut" / "checkpoint")
+    for (key, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), key
+
+
+def test_resume_without_state_is_a_one_line_error(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    cfg = resolve({}, settings(tiny_dataset, "sasrec", ["train.epochs=1"]))
+    loop.fit(cfg, tiny_dataset, tmp_path / "run")
+    for args, message in [(["--resume", str(tmp_path / "run")], "has finished"),
+                          (["--resume", str(tmp_path / "nothing")], "not a run folder"),
+                          (["--resume", str(tmp_path / "run"), "--set", "train.epochs=3"], "drop --set")]:
+        out = subprocess.run([sys.executable, "-m", "seqrec.cli", "train", *args], capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
