@@ -146,6 +146,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def report_run(run_dir: Path, results: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # under torchrun: every rank is done; rank 0 alone has results
+        dist.destroy_process_group()
+    if "checkpoint" not in results:
+        return
     print(f"run: {run_dir}  (best epoch {results['checkpoint']['epoch']}, {results['train_seconds']:.0f}s)")
     print_metrics(results)
 

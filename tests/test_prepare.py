@@ -90,13 +90,15 @@ def test_jitter_moves_window_boundaries_between_epochs(tiny_dataset: PreparedDat
     epochs = []
     for _ in range(3):
         cuts = set()
-        n = 0
+        n, n_batches = 0, len(batches)  # known before the epoch (data-parallel ranks rely on it)
         for b in batches:
+            n_batches -= 1
             assert b.targets is not None and b.users is not None
             n += int((b.targets != 0).sum())
             for u, row in zip(b.users.tolist(), b.targets.tolist(), strict=True):
                 cuts.add((u, tuple(t for t in row if t)))
         assert n == batches.n_targets == TrainBatches(tiny_dataset, max_len=4, batch_size=8, seed=0).n_targets
+        assert n_batches == 0
         epochs.append(cuts)
     assert epochs[0] != epochs[1] or epochs[1] != epochs[2]
 

@@ -33,7 +33,7 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
     real = loop.train_epoch
 
     def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if args[-1] == epoch:  # train_epoch(model, batches, opt, cfg, device, epoch)
+        if args[5] == epoch:  # train_epoch(model, batches, opt, cfg, device, epoch, step)
             raise Interrupted
         return real(*args, **kwargs)
 

@@ -138,12 +138,21 @@ class TrainBatches:
         return int((self.end - self.start).sum())
 
     def __len__(self) -> int:
-        return -(-len(self.start) // self.batch_size)
+        """Batches in the coming epoch (with jitter, read off a copy of the generator)."""
+        start = self.start
+        if self.jitter:
+            peek = np.random.Generator(type(self.rng.bit_generator)())
+            peek.bit_generator.state = self.rng.bit_generator.state
+            start = self._jittered(peek)[1]
+        return -(-len(start) // self.batch_size)
+
+    def _jittered(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        shift = rng.integers(0, self.stride, size=len(self._windows[1]))
+        return training_windows(*self._windows, shift=shift)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.jitter:
-            shift = self.rng.integers(0, self.stride, size=len(self._windows[1]))
-            self.context, self.start, self.end, self.user = training_windows(*self._windows, shift=shift)
+            self.context, self.start, self.end, self.user = self._jittered(self.rng)
         for rows in bucketed_order(self.end - self.context, self.batch_size, self.rng):
             c, s, e = self.context[rows], self.start[rows], self.end[rows]
             inputs = _gather(self.items, c, e, shift=-1)

@@ -37,6 +37,7 @@ from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
+from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, init_world, loss_module
 from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
 from seqrec.train.state import LoopState, load_state, save_state
@@ -75,14 +76,16 @@ class EpochStats:
 
 
 def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.Optimizer,
-                cfg: RunConfig, device: torch.device, epoch: int) -> EpochStats:
+                cfg: RunConfig, device: torch.device, epoch: int, step: torch.nn.Module | None = None) -> EpochStats:
+    """One pass over `batches`; `step(batch)` gives the loss (default `model.loss`; under torchrun, DDP)."""
     model.train()
+    step = step or LossModule(model)
     total, n, seen, t0 = 0.0, 0, 0, time.perf_counter()
     bar = tqdm(batches, desc=f"epoch {epoch}", disable=not cfg.train.progress, leave=False)
     for batch in bar:
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
-            loss = model.loss(batch)
+            loss = step(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.clip_grad > 0:
@@ -108,30 +111,34 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table.
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", cfg.to_dict())
+    world, rank_device = init_world(cfg.train.device)
+    if world.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", cfg.to_dict())
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    device = pick_device(cfg.train.device)
+    device = rank_device or pick_device(cfg.train.device)
     L = cfg.data.max_len
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
-    model, opt, batches = setup(cfg, data, device, model, init_items_from)
+    model, opt, batches, step = setup(cfg, data, device, model, init_items_from, world)
     metric = selection_metric(cfg.eval.ks)
     state_dir, ckpt = run_dir / "state", run_dir / "checkpoint"
-    if resume:
+    if resume:  # every rank loads the same state
         loop = load_state(state_dir, model, opt, batches)
         init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
         log.info("resuming after epoch %d (best %s %.4f @ %d)", loop.epoch, metric, loop.best, loop.best_epoch)
     else:
         loop = LoopState(init_items_from=None if init_items_from is None else str(init_items_from))
+    if not world.main:
+        return follow(cfg, data, device, model, opt, batches, step, world, loop, start_model)
     # epochs after the saved state (an interrupted one) are dropped from the log
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in loop.history))
     start = time.perf_counter() - loop.elapsed_s
     for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
         if loop.stopped:
             break
-        stats = train_epoch(model, batches, opt, cfg, device, epoch)
+        stats = train_epoch(model, batches, opt, cfg, device, epoch, step)
         row: dict[str, Any] = {"epoch": epoch, "loss": stats.loss, "train_s": stats.seconds,
                                "targets_per_s": stats.targets_per_s}
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
@@ -158,6 +165,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
             loop.stopped = True
         loop.epoch, loop.elapsed_s = epoch, row["elapsed_s"]
         save_state(state_dir, loop, model, opt, batches)
+        world.broadcast(loop.stopped)  # the other ranks stop with rank 0
     if cfg.train.refit:
         selected = run_dir / "checkpoint-selected"
         if resume and selected.is_dir():  # stopped after the rename: a checkpoint/ there is a refit's
@@ -166,7 +174,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
             shutil.rmtree(selected, ignore_errors=True)
             ckpt.rename(selected)
         best_model, _ = load_checkpoint(selected, device)
-        test_model = refit(cfg, data, device, loop.best_epoch, init_items_from, start_model)
+        world.broadcast(loop.best_epoch)  # the other ranks refit alongside
+        test_model = refit(cfg, data, device, loop.best_epoch, init_items_from, start_model, world)
         save_checkpoint(test_model, ckpt, max_len=L, item_table=data.item_table,
                         extra={"epoch": loop.best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
     else:
@@ -183,34 +192,57 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     return results
 
 
+def follow(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: SequentialModel,
+           opt: torch.optim.Optimizer, batches: EpochBatches, step: torch.nn.Module, world: World,
+           loop: LoopState, start_model: SequentialModel | None) -> dict[str, Any]:
+    """A rank other than 0: train its share of each epoch until rank 0 says stop (and refit with it)."""
+    for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
+        if loop.stopped:
+            break
+        train_epoch(model, batches, opt, cfg, device, epoch, step)
+        loop.stopped = world.broadcast(None)
+    if cfg.train.refit:
+        init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
+        refit(cfg, data, device, world.broadcast(None), init_items_from, start_model, world)
+    return {"rank": world.rank}
+
+
 def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: SequentialModel | None = None,
-          init_items_from: Path | None = None) -> tuple[SequentialModel, torch.optim.Optimizer, EpochBatches]:
-    """A seeded model (or the one given), its optimizer and its epoch feeder, for training on `data`."""
+          init_items_from: Path | None = None, world: World = SINGLE
+          ) -> tuple[SequentialModel, torch.optim.Optimizer, EpochBatches, torch.nn.Module]:
+    """A seeded model (or the one given), its optimizer, its epoch feeder (this rank's share of it)
+    and the module whose forward is a training step's loss, for training on `data`."""
     seed_everything(cfg.train.seed)
     L = cfg.data.max_len
     model = (model or build_model_for(cfg.model, data, L, cfg.features)).to(device)
     model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
     if init_items_from is not None:
         init_item_embeddings(model, init_items_from, data)
+    step = loss_module(model, world, device)  # under torchrun: DDP, which starts every rank from rank 0's weights
+    if world.distributed:
+        torch.manual_seed(cfg.train.seed + world.rank)  # each rank its own dropout masks and negatives
     opt = make_optimizer(model, cfg)
     batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
     if batches is None:  # every target, with the event features the model takes
         events = dataset_event_values(data, model.event_feature_names())
         batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride, events,
                                jitter=cfg.data.jitter)
-    return model, opt, batches
+    if world.distributed:
+        batches = ShardedBatches(batches, world)
+    return model, opt, batches, step
 
 
 def refit(cfg: RunConfig, data: PreparedDataset, device: torch.device, epochs: int,
-          init_items_from: Path | None = None, start: SequentialModel | None = None) -> SequentialModel:
+          init_items_from: Path | None = None, start: SequentialModel | None = None,
+          world: World = SINGLE) -> SequentialModel:
     """A fresh model, same seed and config, trained for the validation-chosen number of epochs on
     training + validation events (each user's validation item becomes a training target). No
     evaluation happens during the refit; the test split is still read once, afterwards.
     `start`: the untrained model that `fit` was given (a pre-trained one, when fine-tuning) to start from."""
     full = data.with_valid_as_training()
-    model, opt, batches = setup(cfg, full, device, start, init_items_from)
+    model, opt, batches, step = setup(cfg, full, device, start, init_items_from, world)
     for epoch in range(1, epochs + 1):
-        stats = train_epoch(model, batches, opt, cfg, device, epoch)
+        stats = train_epoch(model, batches, opt, cfg, device, epoch, step)
         log.info("refit epoch %d/%d loss %.4f %.0f targets/s", epoch, epochs, stats.loss, stats.targets_per_s)
     return model
 
