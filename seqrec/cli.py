@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -73,10 +74,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     raw, defaults = _prepare_source(args)
-    for key in ("dedupe", "kcore", "min_user_len"):
+    keys = ("dedupe", "kcore", "min_user_len", "split", "test_frac", "valid_frac")
+    for key in keys:
         if getattr(args, key) is not None:
             defaults[key] = getattr(args, key)
-    options = PrepareOptions(**{k: v for k, v in defaults.items() if k in ("dedupe", "kcore", "min_user_len")})
+    options = PrepareOptions(**{k: v for k, v in defaults.items() if k in keys})
     name = args.name or Path(args.path).stem
     dest = Path(args.out) if args.out else _home() / "prepared" / name
     data = prepare(raw, options, dest)
@@ -94,7 +96,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
         return 0
     print(f"dataset       {stats['name']}  ({stats['split']}, fingerprint {stats['fingerprint']})")
-    print(f"users         {stats['users']:,}")
+    print(f"users         {stats['users']:,}  ({stats['valid_users']:,} with a validation target, "
+          f"{stats['test_users']:,} with a test target)")
     print(f"items         {stats['items']:,}")
     print(f"interactions  {stats['interactions']:,}  (density {stats['density']:.5f})")
     lengths = "  ".join(f"{k} {v:g}" for k, v in stats["length_percentiles"].items())
@@ -287,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dedupe", choices=["none", "consecutive", "first"])
     pr.add_argument("--kcore", type=int)
     pr.add_argument("--min-user-len", type=int)
+    pr.add_argument("--split", choices=["leave-one-out", "time"],
+                    help="leave-one-out (default) or a global time split at two time quantiles")
+    pr.add_argument("--test-frac", type=float, help="time split: share of events at or after the test cutoff (0.1)")
+    pr.add_argument("--valid-frac", type=float, help="time split: share of events before it for validation (0.1)")
     pr.set_defaults(fn=cmd_prepare)
     st = data.add_parser("stats", help="users, items, interactions, length distribution")
     st.add_argument("dataset")
@@ -340,6 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SeqrecError as exc:
         print(f"seqrec: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `seqrec ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("seqrec: interrupted", file=sys.stderr)
         return 130

@@ -157,3 +157,56 @@ def test_prepared_folder_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     # the earlier complete folder is still there and loads; no temp folders are left
     assert PreparedDataset.load(tmp_path / "p").n_items == 3
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
+
+
+def _interleaved_log(n_users: int = 80, seed: int = 1) -> RawDataset:
+    """Users active over overlapping stretches of one global clock."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(n_users):
+        n = int(rng.integers(3, 12))
+        for t in np.sort(rng.uniform(0, 1000, n)):
+            rows.append((f"u{u}", f"i{rng.integers(40)}", float(t)))
+    frame = pl.DataFrame(rows, schema=["user", "item", "timestamp"], orient="row")
+    return RawDataset(Interactions(frame, "interleaved"), None, "interleaved")
+
+
+def test_time_split_trains_only_before_the_validation_cutoff(tmp_path: Path) -> None:
+    opts = PrepareOptions(split="time", test_frac=0.2, valid_frac=0.2)
+    d = prepare(_interleaved_log(), opts, tmp_path / "t")
+    assert d.times is not None
+    v_from, t_from = d.meta["options"]["valid_from"], d.meta["options"]["test_from"]
+    assert d.meta["options"]["split"] == "time" and v_from < t_from
+    from seqrec.config import EvalConfig
+    from seqrec.eval.evaluate import protocol
+
+    assert protocol(d, EvalConfig(), "test", 50)["test_from"] == t_from  # every result records the cutoffs
+    assert np.mean(d.times >= t_from) == pytest.approx(0.2, abs=0.02)
+    _, start, end, _ = training_windows(d.offsets, d.train_end(), max_len=50)
+    targets = np.concatenate([np.arange(s, e) for s, e in zip(start, end, strict=True)])
+    assert (d.times[targets] < v_from).all()  # no training target from the evaluated periods
+    for which, lo, hi in (("valid", v_from, t_from), ("test", t_from, np.inf)):
+        users, pos = d.eval_positions(which)
+        assert len(users) > 10
+        flat = d.offsets[users] + pos
+        assert ((d.times[flat] >= lo) & (d.times[flat] < hi)).all() and (pos >= 1).all()
+        for u, p in zip(users, pos, strict=True):  # the first such event of the user (with a history)
+            t = d.times[d.offsets[u] + 1 : d.offsets[u] + p]
+            assert not ((t >= lo) & (t < hi)).any()
+    # a user without a later event keeps every event for training
+    quiet = np.flatnonzero((d.split == -1).all(1))
+    assert len(quiet) and (d.train_end()[quiet] == d.lengths[quiet]).all()
+    # the refit before test learns from the validation period too, still not from the test period
+    _, start, end, _ = training_windows(d.offsets, d.with_valid_as_training().train_end(), max_len=50)
+    targets = np.concatenate([np.arange(s, e) for s, e in zip(start, end, strict=True)])
+    assert (d.times[targets] < t_from).all() and (d.times[targets] >= v_from).any()
+
+
+def test_time_split_needs_timestamps_and_keeps_presplit_sources(tmp_path: Path) -> None:
+    raw = _interleaved_log()
+    frame = raw.interactions.frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("timestamp"))
+    no_time = RawDataset(Interactions(frame, "x"), None, "x")
+    with pytest.raises(SeqrecError, match="needs timestamps"):
+        prepare(no_time, PrepareOptions(split="time"), tmp_path / "a")
+    with pytest.raises(SeqrecError, match="sum below 1"):
+        PrepareOptions(split="time", test_frac=0.6, valid_frac=0.5)

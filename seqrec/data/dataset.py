@@ -155,5 +155,7 @@ class PreparedDataset:
             "length_mean": float(lengths.mean()),
             "length_percentiles": dict(zip(["min", "p25", "p50", "p75", "p90", "p99", "max"], q, strict=True)),
             "split": self.meta["options"].get("split"),
+            "valid_users": int((self.split[:, 0] >= 0).sum()),
+            "test_users": int((self.split[:, 1] >= 0).sum()),
             "fingerprint": self.fingerprint,
         }

@@ -11,7 +11,14 @@ Steps, all vectorised with Polars:
 5. id map: items become 1..N (0 is padding), users 0..U-1, both in sorted order
    of their raw ids (numeric order when every id is an integer).
 6. split: leave-one-out (last event test, second-to-last validation), or the
-   source's own split when the input is pre-split (UniSRec files), kept exactly.
+   source's own split when the input is pre-split (UniSRec files), kept exactly, or
+   a global time split ("time"): two cutoffs at the time quantiles 1 - test_frac -
+   valid_frac and 1 - test_frac of all events; a user's test target is their first
+   event at or after the test cutoff, their validation target their first event in
+   [validation cutoff, test cutoff), each only when an earlier event of theirs exists.
+   Training takes what comes before the validation cutoff, so no model learns from the
+   future of the period it is evaluated on; a user's events after their target are not
+   used. Histories at evaluation are every earlier event.
 """
 
 from __future__ import annotations
@@ -36,12 +43,19 @@ class PrepareOptions:
     dedupe: Literal["none", "consecutive", "first"] = "none"
     kcore: int = 0  # 0 or 1: no filtering
     min_user_len: int = 3
+    split: Literal["leave-one-out", "time"] = "leave-one-out"  # a pre-split source keeps its own
+    test_frac: float = 0.1  # time split: the share of events at or after the test cutoff
+    valid_frac: float = 0.1  # time split: the share of events in [validation cutoff, test cutoff)
 
     def __post_init__(self) -> None:
         if self.dedupe not in ("none", "consecutive", "first"):
             raise SeqrecError(f"dedupe must be none, consecutive or first, got {self.dedupe!r}")
         if self.kcore < 0 or self.min_user_len < 1:
             raise SeqrecError("kcore must be >= 0 and min_user_len >= 1")
+        if self.split not in ("leave-one-out", "time"):
+            raise SeqrecError(f"split must be leave-one-out or time, got {self.split!r}")
+        if not (0 < self.test_frac < 1 and 0 < self.valid_frac < 1 and self.test_frac + self.valid_frac < 1):
+            raise SeqrecError("test_frac and valid_frac must be in (0, 1) with a sum below 1")
 
 
 def order_events(frame: pl.DataFrame) -> pl.DataFrame:
@@ -105,14 +119,34 @@ def _split_positions(frame: pl.DataFrame, offsets: np.ndarray, source: str) -> n
     return out
 
 
+def time_split(times: np.ndarray, offsets: np.ndarray, options: PrepareOptions) -> tuple[np.ndarray, dict]:
+    """(U, 2) validation / test target positions of a global time split, and the cutoffs used."""
+    valid_from, test_from = np.quantile(times, [1 - options.test_frac - options.valid_frac, 1 - options.test_frac],
+                                        method="lower")
+    lengths = np.diff(offsets)
+    users = np.repeat(np.arange(len(lengths)), lengths)
+    pos = np.arange(len(times)) - offsets[users]
+    out = np.full((len(lengths), 2), -1, dtype=np.int64)
+    for col, inside in enumerate(((times >= valid_from) & (times < test_from), times >= test_from)):
+        rows = np.flatnonzero(inside & (pos >= 1))  # a target needs an earlier event
+        first = np.full(len(lengths), np.iinfo(np.int64).max)
+        np.minimum.at(first, users[rows], pos[rows])
+        out[:, col] = np.where(first < np.iinfo(np.int64).max, first, -1)
+    return out, {"valid_from": valid_from.item(), "test_from": test_from.item()}
+
+
 def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDataset:
     frame = raw.interactions.frame
     source = raw.interactions.source
     presplit = "split" in frame.columns
-    if presplit and (options.kcore > 1 or options.dedupe != "none"):
+    if presplit and (options.kcore > 1 or options.dedupe != "none" or options.split != "leave-one-out"):
         raise SeqrecError(
-            f"{source}: the input is pre-split; filtering would change its split (use kcore=0, dedupe=none)"
+            f"{source}: the input is pre-split; filtering or another split would change its split "
+            "(use kcore=0, dedupe=none and the default split)"
         )
+    if options.split == "time" and frame["timestamp"].null_count():
+        raise SeqrecError(f"{source}: a time split needs timestamps, and "
+                          f"{frame['timestamp'].null_count()} of {frame.height} events have none")
     n_raw = frame.height
     frame = dedupe(order_events(frame), options.dedupe)
     frame = kcore(frame, options.kcore)
@@ -131,7 +165,12 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
     )
     counts = np.bincount(frame["uidx"].to_numpy(), minlength=users.height)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    split = _split_positions(frame, offsets, source)
+    split_info: dict = {"split": "presplit" if presplit else "leave-one-out"}
+    if options.split == "time":
+        split, cutoffs = time_split(frame["timestamp"].to_numpy(), offsets, options)
+        split_info = {"split": "time", **cutoffs}
+    else:
+        split = _split_positions(frame, offsets, source)
     item_table = items
     if raw.items is not None:
         item_table = item_table.join(raw.items.frame, on="item", how="left")
@@ -149,5 +188,5 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
         item_table=item_table.sort("idx"),
         users=users.sort("idx"),
         events={c: frame[c] for c in extra},
-        options={**asdict(options), "split": "presplit" if presplit else "leave-one-out", "raw_interactions": n_raw},
+        options={**asdict(options), **split_info, "raw_interactions": n_raw},
     )

@@ -19,8 +19,10 @@ from seqrec.models.base import SequentialModel
 
 def protocol(data: PreparedDataset, cfg: EvalConfig, which: str, max_len: int) -> dict[str, Any]:
     """Everything a reader needs to know how a number was obtained."""
+    options = data.meta["options"]
     return {
-        "split": data.meta["options"].get("split", "leave-one-out"),
+        "split": options.get("split", "leave-one-out"),
+        **{k: options[k] for k in ("valid_from", "test_from") if k in options},  # a time split's cutoffs
         "evaluated_on": which,
         "ranking": "full (all items)",
         "ties": "pessimistic: every other item scoring >= the target ranks above it",
