@@ -37,6 +37,7 @@ STAGE = "bash benchmarks/unisrec_runs.sh"
 QUALITY = {  # run folder -> (command, published row to compare with)
     "unisrec-scratch-text": (f"{STAGE} scratch", "unisrec-inductive"),
     "unisrec-scratch-text-id": (f"{STAGE} scratch-transductive", "unisrec-transductive"),
+    "unisrec-scratch-text-id-wd": (f"{STAGE} scratch-transductive-wd", "unisrec-transductive"),
     "unisrec-ft-in-batch-inductive": (f"{STAGE} finetune in-batch inductive", "unisrec-inductive"),
     "unisrec-ft-in-batch-transductive": (f"{STAGE} finetune in-batch transductive", "unisrec-transductive"),
     "unisrec-ft-moco-inductive": (f"{STAGE} finetune moco inductive", "unisrec-inductive"),
@@ -140,10 +141,16 @@ def main() -> None:
     if args.make_cold_split:
         make_cold_split()
         return
-    result = {"quality": quality(), "cold": cold_results(), "pretraining": pretraining(),
-              "text_encoding": text_encoding(), "machine": machine(),
-              "note": "shared 2-core CPU, one torch thread per run; d=64 (paper: 300); time budgets per run"}
-    write_result(RESULTS / "unisrec.json", result)
+    # entries whose run folders are not on this machine (benchmarks/work/ is not committed) are kept
+    # from the file; those found are collected afresh
+    path = RESULTS / "unisrec.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    for section, found in (("quality", quality()), ("cold", cold_results()), ("pretraining", pretraining()),
+                           ("text_encoding", text_encoding())):
+        result[section] = {**result.get(section, {}), **found}
+    result.update(machine=machine(),
+                  note="shared 2-core CPU, one torch thread per run; d=64 (paper: 300); time budgets per run")
+    write_result(path, result)
     for run, r in result["quality"].items():
         t, pub = r["test"], r["published"]
         print(f"{run:<36} " + "  ".join(f"{k} {t[k]:.4f} ({pub[k]:.4f})" for k in KEYS))

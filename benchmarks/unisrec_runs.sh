@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a 2-core
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
-#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
+#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | cold-unisrec | cold-unisrec-scratch | memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,9 @@ case "$1" in
   scratch-transductive)  # text + ID, no pre-training, same budget as the fine-tuning runs
     .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set model.item_ids=true \
       --out $R/unisrec-scratch-text-id ;;
+  scratch-transductive-wd)  # the same with AdamW, weight decay 0.1 (the text + ID run overfits within a few epochs)
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set model.item_ids=true \
+      --set train.optimizer=\"adamw\" --set train.weight_decay=0.1 --out $R/unisrec-scratch-text-id-wd ;;
   pretrain)  # $2 = in-batch | moco; never on the Scientific domain or its LC-Rec build
     .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives "$2" \
       --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=30 \

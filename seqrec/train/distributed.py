@@ -113,4 +113,5 @@ def loss_module(model: SequentialModel, world: World, device: torch.device) -> n
     if not world.distributed:
         return module
     ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+    # some configurations leave a parameter out of the loss (UniSRec's noise gate with gate_noise=false)
+    return nn.parallel.DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True)
