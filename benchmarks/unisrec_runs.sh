@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a 2-core
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
-#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
+#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | cold-unisrec | cold-unisrec-scratch | memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,16 @@ case "$1" in
   scratch-transductive-wd)  # the same with AdamW, weight decay 0.1 (the text + ID run overfits within a few epochs)
     .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set model.item_ids=true \
       --set train.optimizer=\"adamw\" --set train.weight_decay=0.1 --out $R/unisrec-scratch-text-id-wd ;;
+  scratch-then-id)  # two stages on the domain's own training events: text only (no refit: its validation-chosen
+    # model has seen no validation event), then text + ID from it, every weight trained, refit before the test
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set train.refit=false \
+      --out $R/unisrec-scratch-text-norefit
+    .venv/bin/seqrec finetune $SCI --from $R/unisrec-scratch-text-norefit --setting transductive --config $CFG \
+      --set model.freeze_encoder=false --set train.progress=false --out $R/unisrec-text-then-id ;;
+  then-id-lr)  # the second stage of scratch-then-id again, at a tenth of the learning rate
+    .venv/bin/seqrec finetune $SCI --from $R/unisrec-scratch-text-norefit --setting transductive --config $CFG \
+      --set model.freeze_encoder=false --set train.lr=0.0001 --set train.progress=false \
+      --out $R/unisrec-text-then-id-lr1e-4 ;;
   pretrain)  # $2 = in-batch | moco; never on the Scientific domain or its LC-Rec build
     .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives "$2" \
       --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=30 \
