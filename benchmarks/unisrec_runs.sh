@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a 2-core
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
-#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
+#   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | two-stage-seed SEED | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | cold-unisrec | cold-unisrec-scratch | memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,12 @@ case "$1" in
     .venv/bin/seqrec finetune $SCI --from $R/unisrec-scratch-text-norefit --setting transductive --config $CFG \
       --set model.freeze_encoder=false --set train.lr=0.0001 --set train.progress=false \
       --out $R/unisrec-text-then-id-lr1e-4 ;;
+  two-stage-seed)  # both stages of the recipe (second stage at lr 1e-4) with another seed: $2
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set train.refit=false \
+      --set train.seed=$2 --out $R/unisrec-scratch-text-norefit-seed$2
+    .venv/bin/seqrec finetune $SCI --from $R/unisrec-scratch-text-norefit-seed$2 --setting transductive \
+      --config $CFG --set model.freeze_encoder=false --set train.lr=0.0001 --set train.seed=$2 \
+      --set train.progress=false --out $R/unisrec-text-then-id-lr1e-4-seed$2 ;;
   pretrain)  # $2 = in-batch | moco; never on the Scientific domain or its LC-Rec build
     .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives "$2" \
       --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=30 \
