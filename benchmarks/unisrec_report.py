@@ -42,6 +42,7 @@ QUALITY = {  # run folder -> (command, published row to compare with)
     "unisrec-text-then-id": (f"{STAGE} scratch-then-id", "unisrec-transductive"),
     "unisrec-text-then-id-lr1e-4": (f"{STAGE} scratch-then-id, then {STAGE} then-id-lr", "unisrec-transductive"),
     "unisrec-text-then-id-lr1e-4-seed7": (f"{STAGE} two-stage-seed 7", "unisrec-transductive"),
+    "unisrec-text-then-id-lr1e-4-seed11": (f"{STAGE} two-stage-seed 11", "unisrec-transductive"),
     "unisrec-ft-in-batch-inductive": (f"{STAGE} finetune in-batch inductive", "unisrec-inductive"),
     "unisrec-ft-in-batch-transductive": (f"{STAGE} finetune in-batch transductive", "unisrec-transductive"),
     "unisrec-ft-moco-inductive": (f"{STAGE} finetune moco inductive", "unisrec-inductive"),
