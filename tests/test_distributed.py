@@ -26,10 +26,19 @@ cfg = resolve({{}}, [f'data.dataset="{{data.path}}"', "data.max_len=8", 'model.n
                     "train.progress=false", "train.threads=1", {extra}])
 epochs = []
 real = loop.train_epoch
+class Recorded:  # the epoch's batches as training consumes them (iterating twice would move the feeder's RNG)
+    def __init__(self, batches, users):
+        self.batches, self.users, self.n_targets = batches, users, batches.n_targets
+    def __len__(self):
+        return len(self.batches)
+    def __iter__(self):
+        for b in self.batches:
+            self.users.append(b.users.tolist())
+            yield b
 def spy(model, batches, *rest):
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    epochs.append({{"weights": digest, "users": [b.users.tolist() for b in batches]}})
-    return real(model, batches, *rest)
+    epochs.append({{"weights": digest, "users": []}})
+    return real(model, Recorded(batches, epochs[-1]["users"]), *rest)
 loop.train_epoch = spy
 loop.fit(cfg, data, out / "run")
 (out / f"rank{{torch.distributed.get_rank()}}.json").write_text(json.dumps(epochs))
