@@ -40,6 +40,8 @@ VARIANTS = [
     ("sasrec", {"tied": False, "output_bias": False}),  # output-layer variants (tied + bias is the default)
     ("gru4rec", {"tied": False}),
     ("bert4rec", {"output_bias": False}),
+    ("sasrec", {"history_bias": True}),  # learned offsets for items already in the history
+    ("gru4rec", {"history_bias": True}),
 ]
 CAUSAL = ("sasrec", "gru4rec", "unisrec")
 UNTIED = {("item2vec", "cosine"), ("unisrec", "cosine")}  # both score normalised copies of their item vectors

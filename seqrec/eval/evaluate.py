@@ -50,7 +50,8 @@ def evaluate_ranks(model: SequentialModel, data: PreparedDataset, which: str, ma
         for batch in eval_batches(data, which, max_len, chunk, events):
             batch = batch.to(device)
             assert batch.target is not None
-            yield RankRequest(model.encode(batch).float(), batch.target, batch.items)
+            yield RankRequest(model.encode(batch).float(), batch.target, batch.items,
+                              model.history_offsets(batch.items))
 
     ranks = stream_ranks(requests(), item_emb.float(), None if bias is None else bias.float(),
                          cfg.filter_seen)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from seqrec.nn.history import add_offsets
+
 DEFAULT_BUDGET = 1 << 25  # 32M float scores (128 MiB) live at once
 
 
@@ -28,12 +30,15 @@ class RankRequest:
 
     h        (B, D) float   sequence states
     target   (B,)   long    held-out item index in 1..N
-    history  (B, L) long    items to exclude when filtering seen items (0 = pad)
+    history  (B, L) long    the users' histories (0 = pad): excluded when filtering seen items
+    offsets  (B, L) float   what each history position adds to its item's score (models with a
+                            learned history bias, `seqrec.nn.history`), or None
     """
 
     h: torch.Tensor
     target: torch.Tensor
     history: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
 
 
 def rank_targets(
@@ -43,15 +48,20 @@ def rank_targets(
     item_bias: torch.Tensor | None = None,
     history: torch.Tensor | None = None,
     filter_seen: bool = False,
+    offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """1-based ranks of `target` among all items for each row of `h`.
 
-    h (B, D), target (B,), item_emb (N+1, D) with row 0 = padding, item_bias (N+1,).
+    h (B, D), target (B,), item_emb (N+1, D) with row 0 = padding, item_bias (N+1,);
+    offsets (B, L) are added to the scores of the history items (B, L) first.
     """
     scores = h @ item_emb.T  # (B, N+1)
     if item_bias is not None:
         scores = scores + item_bias
     scores = scores.float()
+    if offsets is not None:
+        assert history is not None, "offsets belong to history positions"
+        add_offsets(scores, history, offsets)
     rows = torch.arange(scores.shape[0], device=scores.device)
     target_score = scores[rows, target].clone()  # (B,)
     scores[:, 0] = -torch.inf
@@ -85,7 +95,7 @@ def stream_ranks(
     """Concatenated ranks over every chunk of users; only ranks are kept."""
     out: list[np.ndarray] = []
     for req in requests:
-        ranks = rank_targets(req.h, req.target, item_emb, item_bias, req.history, filter_seen)
+        ranks = rank_targets(req.h, req.target, item_emb, item_bias, req.history, filter_seen, req.offsets)
         out.append(ranks.cpu().numpy())
         if on_chunk is not None:
             on_chunk(len(ranks))

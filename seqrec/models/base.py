@@ -3,6 +3,8 @@
     encode(batch)      -> (B, D)   the state that predicts the next item
     item_embeddings()  -> (N+1, D) what states are scored against (row 0 = padding)
     item_bias()        -> (N+1,)   output bias added to scores, or None
+    history_offsets(items) -> (B, L) or None: what each history position adds to its item's score
+                                   (a learned `seqrec.nn.history.HistoryBias`, when the model has one)
     loss(batch)        -> scalar   the training objective
     fit_data(data)     -> None     optional: read what training needs from the training split
                                    (item counts, ...) before the first step; called by `fit`
@@ -24,6 +26,8 @@ from torch import nn
 from seqrec.data.batching import Batch
 from seqrec.data.dataset import PreparedDataset
 from seqrec.nn.features import FeatureBlock
+from seqrec.nn.history import HistoryBias, add_offsets
+from seqrec.nn.objective import Objective
 
 
 class EpochBatches(Protocol):
@@ -45,6 +49,7 @@ class SequentialModel(nn.Module, abc.ABC):
         # an instance attribute, not a class one: nn.Module keeps submodules in _modules, which a class
         # attribute of the same name would shadow
         self.feature_block: FeatureBlock | None = None
+        self.history: HistoryBias | None = None  # learned offsets for items already in the history
 
     def event_feature_names(self) -> list[str]:
         """Event-level features the batches must carry (`Batch.events`)."""
@@ -60,6 +65,18 @@ class SequentialModel(nn.Module, abc.ABC):
 
     def item_bias(self) -> torch.Tensor | None:
         return None
+
+    def history_offsets(self, items: torch.Tensor) -> torch.Tensor | None:
+        """(B, L) left-padded histories -> (B, L) score offsets of their items, or None."""
+        return None if self.history is None else self.history.offsets(items)
+
+    def next_item_loss(self, objective: Objective, states: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The objective at every position of `states` (B, L, D) that has a target in `batch`."""
+        assert batch.targets is not None, "training batches carry targets"
+        keep = batch.targets != 0
+        W, b = self.item_embeddings(), self.item_bias()
+        history = None if self.history is None else self.history.training_rows(states, batch.items, W, b, keep)
+        return objective(states[keep], W, b, batch.targets[keep], history)
 
     @abc.abstractmethod
     def loss(self, batch: Batch) -> torch.Tensor:
@@ -79,4 +96,6 @@ class SequentialModel(nn.Module, abc.ABC):
         """(B, N+1) scores of every item for each row of the batch."""
         scores = self.encode(batch) @ self.item_embeddings().T
         bias = self.item_bias()
-        return scores if bias is None else scores + bias
+        scores = scores if bias is None else scores + bias
+        offsets = self.history_offsets(batch.items)
+        return scores if offsets is None else add_offsets(scores, batch.items, offsets)

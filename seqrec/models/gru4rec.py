@@ -40,6 +40,7 @@ from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import output_layer
 from seqrec.nn.features import FeatureBlock
+from seqrec.nn.history import HistoryBias
 from seqrec.nn.objective import Objective, check_loss_config
 
 
@@ -111,10 +112,14 @@ class GRU4RecConfig:
     init_std: float = 0.02
     output_bias: bool = True
     tied: bool = True
+    history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
 
     def __post_init__(self) -> None:
         if self.n_layers < 1 or not 0 <= self.dropout < 1:
             raise SeqrecError("model.n_layers must be >= 1 and model.dropout in [0, 1)")
+        if self.history_bias and self.session_parallel:
+            raise SeqrecError("model.history_bias is not supported with model.session_parallel=true "
+                              "(a lane's history would cross sessions)")
         check_loss_config(self)
 
 
@@ -137,6 +142,7 @@ class GRU4Rec(SequentialModel):
         if features is not None and config.session_parallel:
             raise SeqrecError("side features are not supported with model.session_parallel=true")
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
+        self.history = HistoryBias(max_len) if config.history_bias else None
 
     def embed(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None) -> torch.Tensor:
         x = self.item_emb(items)
@@ -182,9 +188,6 @@ class GRU4Rec(SequentialModel):
 
     def loss(self, batch: Batch) -> torch.Tensor:
         assert batch.targets is not None, "training batches carry targets"
-        keep = batch.targets != 0
         if self.config.session_parallel:  # also right for left-padded rows: pads end in target 0
-            h = self.hidden_with_resets(batch.items, batch.targets)[keep]
-        else:
-            h = self.hidden(batch.items, batch.events)[keep]
-        return self.objective(h, self.item_embeddings(), self.item_bias(), batch.targets[keep])
+            return self.next_item_loss(self.objective, self.hidden_with_resets(batch.items, batch.targets), batch)
+        return self.next_item_loss(self.objective, self.hidden(batch.items, batch.events), batch)

@@ -3,6 +3,7 @@
     x_l = F(E[s_l], features_l) * sqrt(D) + P[l]   item (+ side features, seqrec.nn.features) + position
     H   = CausalTransformer(dropout(LN(x)))         position l sees s_1..s_l only; LN only with input_norm
     score(i | s_1..s_l) = H_l · U[i] + b_i          U = E (tied, default) or its own table; b optional
+                          (+ beta[l - j] for each s_j = i with model.history_bias, seqrec.nn.history)
 
 Trained on every position of a sequence in one pass, with any loss of
 `seqrec.nn.objective` (model.loss): full-softmax cross-entropy (chunked over
@@ -28,6 +29,7 @@ from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, output_layer, right_aligned_positions
 from seqrec.nn.features import FeatureBlock
+from seqrec.nn.history import HistoryBias
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
@@ -54,6 +56,7 @@ class SASRecConfig:
     init_std: float = 0.02
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
     input_norm: bool = False  # LayerNorm(item + position) before the dropout, as BERT and RecBole's SASRec do
+    history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
 
     def __post_init__(self) -> None:
         check_encoder_config(self)
@@ -78,6 +81,7 @@ class SASRec(SequentialModel):
         self.objective = Objective(config, n_items)
         self.apply(normal_init(config.init_std))
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None  # own init
+        self.history = HistoryBias(max_len) if config.history_bias else None  # starts at 0: plain SASRec
 
     def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, L) left-padded items (+ event features) -> (B, L, D) states; state l has seen items[:, :l+1]."""
@@ -102,7 +106,4 @@ class SASRec(SequentialModel):
         self.objective.set_counts(train_item_counts(data))
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        assert batch.targets is not None, "training batches carry targets"
-        keep = batch.targets != 0
-        h = self.hidden(batch.items, batch.events)[keep]  # (M, D): only positions that have a target
-        return self.objective(h, self.item_embeddings(), self.item_bias(), batch.targets[keep])
+        return self.next_item_loss(self.objective, self.hidden(batch.items, batch.events), batch)

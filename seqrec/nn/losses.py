@@ -5,8 +5,10 @@ vectors with row 0 = padding; b (N+1,) optional output bias; target (M,) in 1..N
 Logits are `h W^T + b` over items 1..N (padding never competes).
 
 - `full_ce`: softmax cross-entropy over the whole catalogue. When M x N is
-  large it is computed in item chunks by `ChunkedSoftmaxCE`, whose backward
-  recomputes each chunk, so memory is O(M x chunk) instead of O(M x N).
+  large its log-partition is computed in item chunks by `ChunkedLogSumExp`, whose
+  backward recomputes each chunk, so memory is O(M x chunk) instead of O(M x N).
+  Optional per-row offsets on the row's history items (`seqrec.nn.history`) are
+  added exactly through a correction of the log-partition.
 - `bce_negatives`: the original SASRec objective, binary cross-entropy of the
   positive against k uniformly sampled negatives (never the positive).
 - `sampled_softmax`: softmax over the positive and k sampled negatives (shared by
@@ -43,52 +45,74 @@ def _logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return out if b is None else out + b
 
 
-class ChunkedSoftmaxCE(torch.autograd.Function):
-    """Mean softmax cross-entropy over items 1..N, streaming over item chunks."""
+class ChunkedLogSumExp(torch.autograd.Function):
+    """(M,) log-sum-exp of the logits over items 1..N, streaming over item chunks."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, target: torch.Tensor,
-                chunk: int) -> torch.Tensor:
+    def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
         h32, lse = h.float(), torch.full((h.shape[0],), -torch.inf, device=h.device)
         for lo in range(1, W.shape[0], chunk):
             # under autocast the matmul may run in bf16; the log-sum-exp always runs in fp32
             logits = _logits(h32, W[lo : lo + chunk].float(), b[lo : lo + chunk].float()).float()
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
-        pos = (h32 * W[target].float()).sum(-1) + b[target].float()
-        ctx.save_for_backward(h, W, b, target, lse)
+        ctx.save_for_backward(h, W, b, lse)
         ctx.chunk = chunk
-        return (lse - pos).mean()
+        return lse
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        h, W, b, target, lse = ctx.saved_tensors
-        scale = grad / h.shape[0]
+        h, W, b, lse = ctx.saved_tensors
         h32 = h.float()
         gh = torch.zeros_like(h32)
         gW = torch.zeros(W.shape, dtype=torch.float32, device=W.device)
         gb = torch.zeros(b.shape, dtype=torch.float32, device=b.device)
         for lo in range(1, W.shape[0], ctx.chunk):
             Wc = W[lo : lo + ctx.chunk].float()
-            p = torch.exp(_logits(h32, Wc, b[lo : lo + ctx.chunk].float()) - lse[:, None]) * scale
+            p = torch.exp(_logits(h32, Wc, b[lo : lo + ctx.chunk].float()) - lse[:, None]) * grad[:, None]
             gh += p @ Wc
             gW[lo : lo + ctx.chunk] = p.T @ h32
             gb[lo : lo + ctx.chunk] = p.sum(0)
-        # minus the one-hot of the target
-        gh -= W[target].float() * scale
-        gW.index_add_(0, target, -h32 * scale)
-        gb.index_add_(0, target, torch.full_like(target, -1, dtype=torch.float32) * scale)
-        return gh.to(h.dtype), gW.to(W.dtype), gb.to(b.dtype), None, None
+        return gh.to(h.dtype), gW.to(W.dtype), gb.to(b.dtype), None
 
 
 def full_ce(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
-            chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+            chunk_elements: int = CHUNK_ELEMENTS,
+            history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Mean softmax cross-entropy; `history` = (x, v, z) adds offsets v to the logits of each row's
+    history items x (seqrec.nn.history; z: their logits without offsets), exactly, without an (M, N) term."""
     n_items = W.shape[0] - 1
     if h.shape[0] * n_items <= chunk_elements:
-        logits = _logits(h, W[1:], None if b is None else b[1:])
-        return F.cross_entropy(logits.float(), target - 1)
-    chunk = max(1, chunk_elements // max(1, h.shape[0]))
-    bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
-    return ChunkedSoftmaxCE.apply(h, W, bias, target, chunk)
+        logits = _logits(h, W[1:], None if b is None else b[1:]).float()
+        if history is None:
+            return F.cross_entropy(logits, target - 1)
+        lse, pos = torch.logsumexp(logits, dim=1), logits.gather(1, target[:, None] - 1).squeeze(1)
+    else:
+        chunk = max(1, chunk_elements // max(1, h.shape[0]))
+        bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
+        lse = ChunkedLogSumExp.apply(h, W, bias, chunk)
+        pos = (h.float() * W[target].float()).sum(-1) + bias[target].float()
+    if history is not None:
+        lse, pos = with_history(lse, pos, target, *history)
+    return (lse - pos).mean()
+
+
+def with_history(lse: torch.Tensor, pos: torch.Tensor, target: torch.Tensor, x: torch.Tensor,
+                 v: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-partition and target logit once offsets v (M, L) are added to the logits z (M, L) of the
+    history items x (M, L; 0 = none; an item may repeat, its offsets add up):
+
+        lse' = lse + log(1 + sum_j p_j (exp(u_j) - 1))    over distinct items j, p = softmax, u = total offset
+    """
+    valid = x != 0
+    same = (x[:, :, None] == x[:, None, :]) & valid[:, :, None]  # (M, L, L)
+    u = (same.to(v.dtype) @ v[:, :, None]).squeeze(-1)  # (M, L) total offset of each position's item
+    earlier = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril(-1)
+    first = valid & ~(same & earlier).any(-1)  # count each distinct item once
+    p = torch.exp(z.double() - lse.double()[:, None])
+    delta = (p * torch.expm1(u.double().clamp(max=60.0)) * first).sum(-1)
+    # 1 + delta > 0 in exact arithmetic; the floor only guards rounding when history holds all the mass
+    lse = lse + torch.log1p(delta.clamp(min=-1.0 + 1e-9)).to(lse.dtype)
+    return lse, pos + (v * (x == target[:, None])).sum(-1).to(pos.dtype)
 
 
 def uniform_negatives(target: torch.Tensor, n_items: int, k: int,

@@ -36,6 +36,8 @@ def check_loss_config(cfg: Any) -> None:
         raise SeqrecError(f"model.n_negatives must be >= 1, got {cfg.n_negatives}")
     if not 0.0 <= cfg.gbce_t <= 1.0:
         raise SeqrecError(f"model.gbce_t must be in [0, 1], got {cfg.gbce_t}")
+    if getattr(cfg, "history_bias", False) and cfg.loss != "ce":
+        raise SeqrecError("model.history_bias needs model.loss='ce' (its offsets enter the full softmax)")
     if cfg.negatives == "popularity" and cfg.loss not in ("sampled_softmax", "bce", "gbce"):
         raise SeqrecError("model.negatives='popularity' needs a sampled loss (sampled_softmax, bce, gbce)")
 
@@ -81,10 +83,12 @@ class Objective(nn.Module):
         n = int(np.prod(shape))
         return torch.multinomial(probs, n, replacement=True).view(shape).to(device)
 
-    def forward(self, h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,
-                target: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+                history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`history`: (x, v, z) history offsets of each row (seqrec.nn.history), "ce" only."""
         if self.kind == "ce":
-            return full_ce(h, W, b, target)
+            return full_ce(h, W, b, target, history=history)
+        assert history is None, "history offsets need the full softmax (check_loss_config)"
         if self.kind == "sampled_softmax":
             neg = self.sample((self.k,), h.device)
             if not self.logq:

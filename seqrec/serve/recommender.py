@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from seqrec.data.batching import history_batch
+from seqrec.data.batching import Batch, history_batch
 from seqrec.data.features import DERIVED_EVENTS, event_values
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
@@ -130,10 +130,7 @@ class Recommender:
         ev = self.history_events(len(idx), times, events)
         batch = history_batch([idx], self.max_len, [ev] if ev else None).to(device)
         if self.ann is not None and candidates is None:
-            values, ids = self.ann.search(self.model.encode(batch), k, exclude=[idx] if exclude_seen else None)
-            found = [(float(s), int(i)) for s, i in zip(values[0].tolist(), ids[0].tolist(), strict=True) if i > 0]
-            return [Recommendation(self.raw_ids[i - 1], s, None if self.titles is None else self.titles[i - 1])
-                    for s, i in found]
+            return self._from_index(batch, idx, k, exclude_seen)
         scores = self.model.score(batch)[0].float()
         scores[0] = -torch.inf
         if candidates is not None:
@@ -146,7 +143,26 @@ class Recommender:
         if k == 0:
             raise SeqrecError("no item is left to recommend after excluding the history")
         top = torch.topk(scores, k)
-        return [
-            Recommendation(self.raw_ids[i - 1], float(s), None if self.titles is None else self.titles[i - 1])
-            for s, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
-        ]
+        return self._results(top.values.tolist(), top.indices.tolist())
+
+    def _results(self, scores: Sequence[float], ids: Sequence[int]) -> list[Recommendation]:
+        return [Recommendation(self.raw_ids[i - 1], float(s), None if self.titles is None else self.titles[i - 1])
+                for s, i in zip(scores, ids, strict=True) if i > 0]
+
+    def _from_index(self, batch: Batch, idx: list[int], k: int, exclude_seen: bool) -> list[Recommendation]:
+        """Top-k from the ANN index. A model with a learned history bias shifts the scores of history
+        items only: the index returns the best items outside the history, and the history items are
+        scored exactly and merged in (unless excluded)."""
+        h = self.model.encode(batch)
+        offsets = self.model.history_offsets(batch.items)
+        exclude = exclude_seen or offsets is not None
+        assert self.ann is not None
+        values, ids = self.ann.search(h, k, exclude=[idx] if exclude else None)
+        if offsets is None or exclude_seen:
+            return self._results(values[0].tolist(), ids[0].tolist())
+        seen = torch.unique(batch.items[batch.items != 0])
+        exact = self.model.score(batch)[0, seen].float()  # base score + history offsets
+        merged_ids = torch.cat([ids[0], seen])
+        merged = torch.cat([values[0].float(), exact])
+        top = torch.topk(merged, min(k, len(merged)))
+        return self._results(top.values.tolist(), merged_ids[top.indices].tolist())
