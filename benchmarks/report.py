@@ -95,8 +95,16 @@ def speed(d: dict[str, Any]) -> list[str]:
                   "steadier comparison. `recbole-arch`: RecBole's SASRec layout (LayerNorm over item + position, "
                   "no √d scaling: `model.input_norm=true model.emb_scale=false`); `jitter`: the training windows' "
                   "boundaries are drawn afresh each epoch (`data.jitter=true`)."]
+    for name, s in (d.get("over_seeds") or {}).items():
+        med, worst = s["median_ratio_vs_recbole_time_to_best"], s["max_ratio_vs_recbole_time_to_best"]
+        lines += ["", f"**{name}, over seeds {', '.join(s['seeds'])}**: {s['reached']} of {len(s['seeds'])} reach "
+                  "RecBole's best validation NDCG@10; median time to it "
+                  + ("not reached" if med is None else f"{med:.3f} × RecBole's time to its best")
+                  + ("" if s["median_ratio_vs_recbole_total_wall"] is None
+                     else f" ({s['median_ratio_vs_recbole_total_wall']:.3f} × RecBole's total wall time)")
+                  + "; slowest seed " + ("never" if worst is None else f"{worst:.3f} ×") + "."]
     for name, r in d["runs"].items():
-        if r.get("ratio_vs_recbole_time_to_best") is not None:
+        if r.get("ratio_vs_recbole_time_to_best") is not None and not d.get("over_seeds"):
             lines.append("")
             lines.append(f"{name}: reaches RecBole's best validation NDCG@10 in "
                          f"{r['ratio_vs_recbole_total_wall']:.3f} × RecBole's total wall time and "

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +70,9 @@ SEQREC_RUNS: dict[str, tuple[int, int, list[str]]] = {
     "seqrec-batch64-stride10-recbole-arch-jitter": (64, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
     "seqrec-batch64-stride10-recbole-arch-jitter-seed2021": (64, 10, [*RECBOLE_ARCH, "data.jitter=true",
                                                                       "train.seed=2021"]),
+    # + the learned history bias (seqrec.nn.history): a seqrec model option RecBole does not have
+    "seqrec-batch64-stride10-recbole-arch-jitter-hist": (64, 10, [*RECBOLE_ARCH, "data.jitter=true",
+                                                                  "model.history_bias=true"]),
     "seqrec-batch64-stride25": (64, 25, []),
     "seqrec-batch256-stride0": (256, 0, []),
 }
@@ -102,12 +107,35 @@ def time_to_reach(epochs: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
+def over_seeds(rows: dict[str, Any], names: list[str], seeds: list[str]) -> dict[str, Any]:
+    """Per seqrec run: how many seeds reached RecBole's best, and the median ratio of the time to reach it
+    to RecBole's time to its best (a seed that never reached it counts as infinitely slow)."""
+    out = {}
+    for name in names:
+        ratios = [rows[f"{name}-seed{seed}"]["ratio_vs_recbole_time_to_best"] for seed in seeds]
+        walls = [rows[f"{name}-seed{seed}"]["ratio_vs_recbole_total_wall"] for seed in seeds]
+        def finite(x: float) -> float | None:  # JSON has no infinity: None = not reached
+            return None if math.isinf(x) else x
+
+        inf = float("inf")
+        out[name] = {"seeds": seeds, "reached": sum(r is not None for r in ratios),
+                     "median_ratio_vs_recbole_time_to_best":
+                         finite(statistics.median(inf if r is None else r for r in ratios)),
+                     "median_ratio_vs_recbole_total_wall":
+                         finite(statistics.median(inf if r is None else r for r in walls)),
+                     "max_ratio_vs_recbole_time_to_best": finite(max(inf if r is None else r for r in ratios))}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seqrec-runs", default="seqrec-batch64-stride0,seqrec-batch64-stride0-recbole-arch-jitter,"
                    "seqrec-batch64-stride10-recbole-arch-jitter,seqrec-batch64-stride10-recbole-arch-jitter-seed2021",
                    help=f"comma-separated names of seqrec runs, from {sorted(SEQREC_RUNS)}; a seqrec sample is a "
                         "window of up to max_len targets, a RecBole sample is one prefix (one target)")
+    p.add_argument("--seeds", default="",
+                   help="comma-separated seeds: every named seqrec run once per seed (named RUN-seedN), and the "
+                        "median time to RecBole's best per run over the seeds")
     p.add_argument("--sequential", action="store_true", help="run RecBole first, then seqrec (default: side by side)")
     p.add_argument("--recbole-epochs", type=int, default=HP["epochs"],
                    help="cap RecBole's epochs (recorded); the target is then its best within the cap")
@@ -122,7 +150,11 @@ def main() -> None:
         rb_future = pool.submit(run_recbole, out_dir / "recbole-sasrec.json", args.recbole_epochs)
         if args.sequential:
             rb_future.result()
-        sq_runs = {name: (*SEQREC_RUNS[name], run_seqrec(out_dir / name, *SEQREC_RUNS[name])) for name in names}
+        plan = {name: SEQREC_RUNS[name] for name in names}
+        if args.seeds:
+            plan = {f"{name}-seed{seed}": (bs, st, [*extra, f"train.seed={seed}"])
+                    for name, (bs, st, extra) in plan.items() for seed in args.seeds.split(",")}
+        sq_runs = {name: (*cfg, run_seqrec(out_dir / name, *cfg)) for name, cfg in plan.items()}
         rb = rb_future.result()
     rb_epochs = rb["result"]["epochs"]
     rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
@@ -143,6 +175,7 @@ def main() -> None:
                       "ratio_vs_recbole_total_wall": None if reach is None else reach / rb["process"]["wall_s"],
                       "ratio_vs_recbole_time_to_best": None if reach is None else reach / rb_best_at}
     result = {"hyperparameters": HP, "recbole_epoch_cap": args.recbole_epochs,
+              "over_seeds": over_seeds(rows, names, args.seeds.split(",")) if args.seeds else None,
               "side_by_side": not args.sequential,
               "protocol": rb["result"].get("protocol"), "runs": rows, "machine": machine(),
               "note": "elapsed times include per-epoch validation for both libraries"}
