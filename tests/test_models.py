@@ -42,6 +42,7 @@ VARIANTS = [
     ("bert4rec", {"output_bias": False}),
     ("sasrec", {"history_bias": True}),  # learned offsets for items already in the history
     ("gru4rec", {"history_bias": True}),
+    ("unisrec", {"history_bias": True}),
 ]
 CAUSAL = ("sasrec", "gru4rec", "unisrec")
 UNTIED = {("item2vec", "cosine"), ("unisrec", "cosine")}  # both score normalised copies of their item vectors

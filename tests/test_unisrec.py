@@ -246,3 +246,18 @@ def test_finetune_setting_decides_the_id_table(tiny_dataset: PreparedDataset, en
         finetune_config(tmp_path / "pre", "transductive", {"item_ids": False})
     with pytest.raises(SeqrecError, match="max_len"):
         finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 12)
+
+
+def test_history_bias_is_per_domain_and_starts_at_zero_when_fine_tuning(
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path) -> None:
+    pre = UniSRec.from_dataset(tiny_config(encoder_dir, history_bias=True), tiny_dataset, 8)
+    with torch.no_grad():
+        pre.history.theta.fill_(0.5)  # type: ignore[union-attr]  # what the source domain learned
+    save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
+    model = finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 8)
+    assert model.history is not None and model.history.theta.requires_grad
+    assert float(model.history.theta.abs().sum()) == 0.0
+    plain = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)  # and from a model without one
+    save_checkpoint(plain, tmp_path / "plain", max_len=8, item_table=tiny_dataset.item_table)
+    cfg = finetune_config(tmp_path / "plain", "transductive", {"history_bias": True})
+    assert finetune_model(tmp_path / "plain", tiny_dataset, cfg, 8).history is not None

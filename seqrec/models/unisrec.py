@@ -4,7 +4,7 @@
     x_i   = LM(text_i)                                   frozen, a (N+1, D_text) buffer saved in the checkpoint
     v_i   = MoE(x_i) [+ E_id[i] when transductive]       parametric whitening experts + noisy gate (adaptors.py)
     H     = CausalTransformer(dropout(LN(F(v_{s_l}, features_l) + P[l])))   F: optional side features
-    score(i | s_1..s_l) = cos(H_l, v_i) / τ
+    score(i | s_1..s_l) = cos(H_l, v_i) / τ              (+ a learned offset for history items, model.history_bias)
 
 Item ids never reach the shared parts: a model pre-trained on some domains is
 moved to a new one by swapping the text buffer (and, transductively, adding an
@@ -31,6 +31,7 @@ from seqrec.nn.adaptors import MoEAdaptor, Whitening
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import right_aligned_positions
 from seqrec.nn.features import FeatureBlock
+from seqrec.nn.history import HistoryBias
 from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
@@ -54,6 +55,7 @@ class UniSRecConfig:
     whitening_init: bool = False  # start each MoE expert as an SVD whitening of the text table
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
+    history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
     init_std: float = 0.02
     # how the text vectors are made (the key of the text cache; see seqrec.data.text)
     text_dim: int = 384
@@ -105,6 +107,7 @@ class UniSRec(SequentialModel):
             for module in self.sequence_encoder():
                 module.requires_grad_(False)
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
+        self.history = HistoryBias(max_len) if config.history_bias else None  # per domain: never transferred
 
     def sequence_encoder(self) -> list[nn.Module]:
         """The parts shared across domains that inductive fine-tuning keeps frozen."""
@@ -152,8 +155,10 @@ class UniSRec(SequentialModel):
         """Softmax cross-entropy of cos(h, v) / τ over every item, at every position with a target."""
         assert batch.targets is not None, "training batches carry targets"
         keep = batch.targets != 0
-        h = F.normalize(self.hidden(batch.items, events=batch.events)[keep], dim=-1)  # (M, D)
-        return full_ce(h, self.item_embeddings(), None, batch.targets[keep])
+        states = F.normalize(self.hidden(batch.items, events=batch.events), dim=-1)  # (B, L, D)
+        W = self.item_embeddings()
+        history = None if self.history is None else self.history.training_rows(states, batch.items, W, None, keep)
+        return full_ce(states[keep], W, None, batch.targets[keep], history=history)
 
     @torch.no_grad()
     def add_items(self, text_emb: torch.Tensor) -> range:

@@ -5,7 +5,8 @@
 
 Everything that does not name an item (adaptor, positions, Transformer) is
 copied from the pre-trained checkpoint; the text buffer is the new domain's,
-the ID table (transductive) starts from zero-mean noise.
+the ID table (transductive) starts from zero-mean noise, and a history bias
+(`model.history_bias`) from zero.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from seqrec.models.unisrec import UniSRec, UniSRecConfig
 log = logging.getLogger(__name__)
 
 Setting = Literal["inductive", "transductive"]
-PER_DOMAIN = ("text_emb", "item_emb.weight")  # tensors that belong to one catalogue
+# tensors that belong to one catalogue, or to one domain's habits (whether its users come back to an item)
+PER_DOMAIN = ("text_emb", "item_emb.weight", "history.theta")
 
 
 def checkpoint_dir(path: Path) -> Path:
