@@ -47,6 +47,12 @@ QUALITY = {  # run folder -> (command, published row to compare with)
     "unisrec-ft-in-batch-transductive": (f"{STAGE} finetune in-batch transductive", "unisrec-transductive"),
     "unisrec-ft-moco-inductive": (f"{STAGE} finetune moco inductive", "unisrec-inductive"),
     "unisrec-ft-moco-transductive": (f"{STAGE} finetune moco transductive", "unisrec-transductive"),
+    # with the learned history bias (model.history_bias)
+    "unisrec-scratch-text-hist": (f"{STAGE} scratch-hist", "unisrec-inductive"),
+    **{f"unisrec-text-then-id-hist-seed{s}": (f"{STAGE} two-stage-hist {s}", "unisrec-transductive")
+       for s in (42, 7, 11)},
+    **{f"unisrec-ft-{n}-{s}-hist": (f"{STAGE} finetune-hist {n} {s}", f"unisrec-{s}")
+       for n in ("in-batch", "moco") for s in ("inductive", "transductive")},
     "sasrec-amazon-scientific-unisrec-d05-refit": (
         "python benchmarks/sasrec_quality.py amazon-scientific-unisrec --set train.refit=true --tag=-d05-refit "
         "(benchmarks/configs/sasrec-amazon-scientific-unisrec.toml: dropout 0.5)", "sasrec"),

@@ -2,6 +2,7 @@
 # The UniSRec runs behind benchmarks/results/unisrec.json, in the order they were run on a 2-core
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
 #   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | two-stage-seed SEED | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
+#                                   | scratch-hist | two-stage-hist SEED | finetune-hist NEG SETTING
 #                                   | cold-unisrec | cold-unisrec-scratch | memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,19 @@ case "$1" in
     .venv/bin/seqrec finetune $SCI --from $R/unisrec-scratch-text-norefit-seed$2 --setting transductive \
       --config $CFG --set model.freeze_encoder=false --set train.lr=0.0001 --set train.seed=$2 \
       --set train.progress=false --out $R/unisrec-text-then-id-lr1e-4-seed$2 ;;
+  scratch-hist)  # text only from scratch, with the learned history bias (model.history_bias)
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set model.history_bias=true \
+      --out $R/unisrec-scratch-text-hist ;;
+  two-stage-hist)  # the two-stage recipe (second stage at lr 1e-4), both stages with the history bias; seed $2
+    .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --set train.refit=false \
+      --set model.history_bias=true --set train.seed=$2 --out $R/unisrec-scratch-text-hist-norefit-seed$2
+    .venv/bin/seqrec finetune $SCI --from $R/unisrec-scratch-text-hist-norefit-seed$2 --setting transductive \
+      --config $CFG --set model.freeze_encoder=false --set train.lr=0.0001 --set train.seed=$2 \
+      --set model.history_bias=true --set train.progress=false --out $R/unisrec-text-then-id-hist-seed$2 ;;
+  finetune-hist)  # $2 = in-batch | moco, $3 = inductive | transductive; with the history bias
+    .venv/bin/seqrec finetune $SCI --from $R/unisrec-pretrain-$2 --setting "$3" --config $CFG \
+      --set train.progress=false --set train.time_budget_s=$BUDGET --set model.history_bias=true \
+      --out $R/unisrec-ft-$2-$3-hist ;;
   pretrain)  # $2 = in-batch | moco; never on the Scientific domain or its LC-Rec build
     .venv/bin/seqrec pretrain --datasets $P/yelp-p5,$P/ml-100k --negatives "$2" \
       --set pretrain.threads=1 --set pretrain.progress=false --set pretrain.epochs=30 \

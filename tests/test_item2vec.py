@@ -13,7 +13,14 @@ from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
-from seqrec.models.item2vec import Item2Vec, Item2VecConfig, compact_left, sgns_loss, skipgram_pairs
+from seqrec.models.item2vec import (
+    Item2Vec,
+    Item2VecConfig,
+    compact_left,
+    sgns_loss,
+    sgns_loss_by_centre,
+    skipgram_pairs,
+)
 from seqrec.registry import build_model, model_config_class
 from seqrec.train.checkpoint import save_checkpoint
 from seqrec.train.init_items import init_item_embeddings
@@ -22,9 +29,10 @@ from seqrec.train.loop import fit
 
 def test_skipgram_pairs_and_compaction_by_hand() -> None:
     seq = torch.tensor([[0, 1, 2, 3]])
-    centre, context = skipgram_pairs(seq, window=1, dynamic=False)
+    centre, context, place = skipgram_pairs(seq, window=1, dynamic=False)
     assert sorted(zip(centre.tolist(), context.tolist(), strict=True)) == [(1, 2), (2, 1), (2, 3), (3, 2)]
-    centre, _ = skipgram_pairs(seq, window=2, dynamic=False)
+    assert (seq.flatten()[place] == centre).all()  # each pair's centre position holds its centre
+    centre, _, _ = skipgram_pairs(seq, window=2, dynamic=False)
     assert len(centre) == 6  # (1,2) (2,3) (1,3), both directions; padding never pairs
     kept = compact_left(torch.tensor([[0, 5, 6, 7, 8]]), torch.tensor([[True, True, False, True, False]]))
     assert kept.tolist() == [[0, 0, 0, 5, 7]]
@@ -46,6 +54,27 @@ def test_sgns_loss_by_hand_per_pair_and_shared_negatives() -> None:
     expected = ((sp(torch.tensor(-0.5)) + 0.5 * (sp(torch.tensor(1.0)) + sp(torch.tensor(0.0))))
                 + (sp(torch.tensor(2.0)) + 0.5 * sp(torch.tensor(2.0)))) / 2
     assert torch.isclose(sgns_loss(u, v_pos, shared, valid, weight=0.5), expected)
+
+
+def test_negatives_by_centre_equal_the_per_pair_loss_and_gradients() -> None:
+    """Shared negatives computed once per centre give sgns_loss's value and gradients, hits removed."""
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(1, 12, (6, 9), generator=g)
+    seq[:2, :3] = 0  # padding
+    centre, context, place = skipgram_pairs(seq, window=3, dynamic=True, generator=g)
+    negatives = torch.tensor([3, 5, 5, 7, 1])  # drawn with replacement: a repeated negative counts twice
+    table_u = torch.randn(12, 4, generator=g, requires_grad=True)
+    table_v = torch.randn(12, 4, generator=g, requires_grad=True)
+    ref = sgns_loss(table_u[centre], table_v[context], table_v[negatives], negatives[None, :] != context[:, None],
+                    weight=0.4)
+    places, centre_of = torch.unique(place, return_inverse=True)
+    out = sgns_loss_by_centre(table_u[seq.flatten()[places]], centre_of, table_v[context], context,
+                              table_v[negatives], negatives, weight=0.4)
+    assert bool(torch.isin(context, negatives).any())  # the hit correction is exercised
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad(out, (table_u, table_v)), torch.autograd.grad(ref, (table_u, table_v)),
+                    strict=True):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("shared", [0, 16])

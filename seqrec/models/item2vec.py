@@ -14,8 +14,10 @@ Negatives: word2vec draws k per pair, which costs a (P, k, D) gather and a
 batched product of tiny matrices. With `shared_negatives = S > 0` (the default)
 one set of S negatives is drawn per batch and shared by every pair, each
 weighted k / S, so the expected loss is word2vec's and the negative term is one
-(P, D) x (D, S) matrix product: about 5x less time per step on CPU. A negative
-equal to a pair's context is masked for that pair.
+matrix product. Since the negatives are shared, a centre's negative term is the
+same for all of its pairs and is computed once per centre position ((C, S), not
+(P, S), with P about 2 x window x C). A negative equal to a pair's context is
+removed from that pair's loss.
 
 A user's state is the recency-weighted mean of the input vectors of the history,
 h = sum_l w_l u_{s_l} / sum_l w_l with w_l = recency^(age of s_l), scored against
@@ -48,18 +50,21 @@ def compact_left(seq: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def skipgram_pairs(seq: torch.Tensor, window: int, dynamic: bool,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(centre, context) item pairs (P,), (P,) of left-padded (B, L) sentences; padding never pairs."""
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(centre item, context item, centre's flat position in seq), each (P,), for every skip-gram pair of
+    left-padded (B, L) sentences; padding never pairs."""
     radius = (torch.randint(1, window + 1, seq.shape, device=seq.device, generator=generator) if dynamic
               else torch.full_like(seq, window))
-    centres, contexts = [], []
+    where = torch.arange(seq.numel(), device=seq.device).view(seq.shape)
+    centres, contexts, places = [], [], []
     for o in range(1, min(window, seq.shape[1] - 1) + 1):  # one vectorised step per distance
         a, b = seq[:, :-o], seq[:, o:]
-        for c, x, r in ((a, b, radius[:, :-o]), (b, a, radius[:, o:])):
+        for c, x, r, at in ((a, b, radius[:, :-o], where[:, :-o]), (b, a, radius[:, o:], where[:, o:])):
             ok = (c != 0) & (x != 0) & (r >= o)
             centres.append(c[ok])
             contexts.append(x[ok])
-    return torch.cat(centres), torch.cat(contexts)
+            places.append(at[ok])
+    return torch.cat(centres), torch.cat(contexts), torch.cat(places)
 
 
 def sgns_loss(u: torch.Tensor, v_pos: torch.Tensor, v_neg: torch.Tensor, neg_valid: torch.Tensor,
@@ -70,6 +75,25 @@ def sgns_loss(u: torch.Tensor, v_pos: torch.Tensor, v_neg: torch.Tensor, neg_val
     logits = u @ v_neg.T if v_neg.dim() == 2 else (v_neg @ u.unsqueeze(-1)).squeeze(-1)
     neg = F.softplus(logits) * neg_valid  # -log sigma(-u·v_j)
     return (pos + weight * neg.sum(-1)).mean()
+
+
+def sgns_loss_by_centre(u: torch.Tensor, centre_of: torch.Tensor, v_pos: torch.Tensor, context: torch.Tensor,
+                        v_neg: torch.Tensor, negatives: torch.Tensor, weight: float) -> torch.Tensor:
+    """`sgns_loss` with negatives shared by every pair, its negative term computed once per centre.
+
+    u (C, D): one row per centre position; centre_of (P,): each pair's row of u; v_pos (P, D) and
+    context (P,): each pair's context vector and item; v_neg (S, D), negatives (S,): the shared draw.
+    A centre's negative term is the same for each of its ~2 x window pairs, so the (P, S) softplus
+    becomes (C, S); a negative equal to a pair's context is then taken back out for that pair, which
+    only concerns the few pairs whose context was drawn. Same value as `sgns_loss`."""
+    pos = F.softplus(-(u[centre_of] * v_pos).sum(-1))  # (P,)
+    per_centre = F.softplus(u @ v_neg.T)  # (C, S): -log sigma(-u·v_j)
+    pairs_per_centre = torch.bincount(centre_of, minlength=u.shape[0]).to(per_centre.dtype)
+    neg = (pairs_per_centre * per_centre.sum(-1)).sum()
+    drawn = torch.isin(context, negatives)  # pairs whose context is among the negatives: remove those terms
+    hits = context[drawn, None] == negatives[None, :]  # (P_drawn, S)
+    neg = neg - (per_centre[centre_of[drawn]] * hits).sum()
+    return (pos.sum() + weight * neg) / pos.shape[0]
 
 
 @dataclass
@@ -147,13 +171,14 @@ class Item2Vec(SequentialModel):
         keep_p = self._keep_probability()
         if keep_p is not None:
             seq = compact_left(seq, torch.rand(seq.shape, device=seq.device) < keep_p[seq])
-        centre, context = skipgram_pairs(seq, self.config.window, self.config.dynamic_window)
+        centre, context, place = skipgram_pairs(seq, self.config.window, self.config.dynamic_window)
         if centre.numel() == 0:  # every pair subsampled away: a zero that still has a graph
             return self.item_emb.weight.sum() * 0.0
         k, shared = self.config.n_negatives, self.config.shared_negatives
         if shared:
             neg = self._negatives((shared,), seq.device)  # (S,), one set for every pair
-            return sgns_loss(self.item_emb(centre), self.out_emb(context), self.out_emb(neg),
-                             neg[None, :] != context[:, None], weight=k / shared)
+            places, centre_of = torch.unique(place, return_inverse=True)  # (C,) centre positions
+            return sgns_loss_by_centre(self.item_emb(seq.flatten()[places]), centre_of, self.out_emb(context),
+                                       context, self.out_emb(neg), neg, weight=k / shared)
         neg = self._negatives((centre.shape[0], k), seq.device)  # (P, k)
         return sgns_loss(self.item_emb(centre), self.out_emb(context), self.out_emb(neg), neg != context[:, None])
