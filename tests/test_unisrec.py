@@ -261,3 +261,28 @@ def test_history_bias_is_per_domain_and_starts_at_zero_when_fine_tuning(
     save_checkpoint(plain, tmp_path / "plain", max_len=8, item_table=tiny_dataset.item_table)
     cfg = finetune_config(tmp_path / "plain", "transductive", {"history_bias": True})
     assert finetune_model(tmp_path / "plain", tiny_dataset, cfg, 8).history is not None
+
+
+def test_transductive_items_without_training_events_keep_a_zero_id_vector(
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path) -> None:
+    from seqrec.data.counts import train_item_counts
+    from seqrec.eval.cold import cold_item_split
+
+    data = cold_item_split(tiny_dataset, 0.3, 0, tmp_path / "cold")
+    untrained = torch.as_tensor(train_item_counts(data) == 0)
+    untrained[0] = False
+    assert untrained.any()
+    torch.manual_seed(0)
+    model = UniSRec.from_dataset(tiny_config(encoder_dir, item_ids=True), data, 8)
+    model.fit_data(data)
+    assert model.item_emb is not None
+    before = model.item_emb.weight.detach().clone()
+    assert float(before[untrained].abs().sum()) == 0.0
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for batch in TrainBatches(data, 8, 16, seed=0):  # the full softmax reaches every item as a negative
+        opt.zero_grad()
+        model.loss(batch).backward()
+        opt.step()
+    after = model.item_emb.weight.detach()
+    assert float(after[untrained].abs().sum()) == 0.0
+    assert not torch.equal(after[~untrained], before[~untrained])

@@ -8,7 +8,8 @@
 
 Item ids never reach the shared parts: a model pre-trained on some domains is
 moved to a new one by swapping the text buffer (and, transductively, adding an
-ID table). Items added after training need only their text (`add_items`).
+ID table). Items added after training need only their text (`add_items`); so do
+catalogue items without a training event, whose ID vectors are held at zero.
 Shapes: B batch, L length, D hidden, N items, D_text text width.
 """
 
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqrec.data.batching import Batch
+from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
 from seqrec.data.text import TextOptions, text_embeddings
@@ -146,6 +148,17 @@ class UniSRec(SequentialModel):
 
     def encode(self, batch: Batch) -> torch.Tensor:
         return F.normalize(self.hidden(batch.items, events=batch.events)[:, -1], dim=-1)  # (B, D), unit length
+
+    def fit_data(self, data: PreparedDataset) -> None:
+        """Transductive: an item with no training event has no ID to learn; its ID vector is held at zero,
+        so it is scored from its text alone (as items added later by `add_items` are)."""
+        if self.item_emb is None or not self.item_emb.weight.requires_grad:
+            return
+        untrained = torch.as_tensor(train_item_counts(data) == 0, device=self.item_emb.weight.device)
+        with torch.no_grad():
+            self.item_emb.weight[untrained] = 0.0
+        keep = (~untrained).to(self.item_emb.weight.dtype)[:, None]
+        self.item_emb.weight.register_hook(lambda grad: grad * keep)  # as negatives they would get gradients
 
     def item_embeddings(self) -> torch.Tensor:
         ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
