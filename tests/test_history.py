@@ -140,7 +140,9 @@ def test_recommender_index_path_matches_exact_with_a_history_bias(tiny_dataset: 
     exact = Recommender.from_run(tmp_path / "ckpt")
     approx = Recommender.from_run(tmp_path / "ckpt")
     approx.use_index(n_lists=4, n_probe=4)
-    for history, seen in ((["i1", "i2", "i3"], False), (["i4", "i5", "i4"], False), (["i4", "i5"], True)):
+    longer = [f"i{j}" for j in range(1, 12)]  # 11 items: the oldest 3 are outside the model's window of 8
+    for history, seen in ((["i1", "i2", "i3"], False), (["i4", "i5", "i4"], False), (["i4", "i5"], True),
+                          (longer, False)):
         a = exact.recommend(history, k=6, exclude_seen=seen)
         b = approx.recommend(history, k=6, exclude_seen=seen)
         assert [r.item for r in a] == [r.item for r in b]

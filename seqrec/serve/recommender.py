@@ -153,14 +153,13 @@ class Recommender:
         """Top-k from the ANN index. A model with a learned history bias shifts the scores of history
         items only: the index returns the best items outside the history, and the history items are
         scored exactly and merged in (unless excluded)."""
-        h = self.model.encode(batch)
-        offsets = self.model.history_offsets(batch.items)
-        exclude = exclude_seen or offsets is not None
         assert self.ann is not None
-        values, ids = self.ann.search(h, k, exclude=[idx] if exclude else None)
-        if offsets is None or exclude_seen:
+        h = self.model.encode(batch)
+        if exclude_seen or self.model.history_offsets(batch.items) is None:
+            values, ids = self.ann.search(h, k, exclude=[idx] if exclude_seen else None)
             return self._results(values[0].tolist(), ids[0].tolist())
-        seen = torch.unique(batch.items[batch.items != 0])
+        seen = torch.unique(batch.items[batch.items != 0])  # the items the offsets apply to (the model's window)
+        values, ids = self.ann.search(h, k, exclude=[seen.tolist()])
         exact = self.model.score(batch)[0, seen].float()  # base score + history offsets
         merged_ids = torch.cat([ids[0], seen])
         merged = torch.cat([values[0].float(), exact])
