@@ -269,7 +269,11 @@ def unisrec(d: dict[str, Any]) -> list[str]:
              "yelp-p5 + ml-100k (the paper: five Amazon domains). `valid N@10`: the validation-chosen model's "
              "(before any refit); several recipes were tried, so compare recipes on it, not on the test columns. "
              "`unisrec-text-then-id*`: two stages on the domain's own training events, text only "
-             "(`unisrec-scratch-text-norefit`), then text + ID starting from it with every weight trained.", "",
+             "(`unisrec-scratch-text-norefit`), then text + ID starting from it with every weight trained. "
+             "`*-hist`: the same with seqrec's learned score offset for items already in the history "
+             "(`model.history_bias`); the evaluation is unchanged (seen items stay in the ranking), but this "
+             "Amazon build holds no repeated item, so the offset learns to push them down, much as a seen-item "
+             "filter would: a seqrec addition, not part of the paper's model.", "",
              "| run | refit | valid N@10 | R@10 | N@10 | R@50 | N@50 | published (R@10 / N@10) | best epoch "
              "| train s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
