@@ -108,6 +108,12 @@ def speed(d: dict[str, Any]) -> list[str]:
                   "steadier comparison. `recbole-arch`: RecBole's SASRec layout (LayerNorm over item + position, "
                   "no √d scaling: `model.input_norm=true model.emb_scale=false`); `jitter`: the training windows' "
                   "boundaries are drawn afresh each epoch (`data.jitter=true`)."]
+    if d.get("over_seeds"):
+        lines += ["", "Validation values are compared unrounded (RecBole's own are rounded to 4 decimals): a run shown "
+                  "with the same 4-decimal value as RecBole's best can still fall short of it. `hist`: seqrec's "
+                  "learned score offset for items already in the history (`model.history_bias`), which RecBole's "
+                  "SASRec does not have; evaluation is the same (every item ranked, seen ones included). When wall "
+                  "seconds are well above CPU seconds, other jobs shared the cores during the run."]
     for name, s in (d.get("over_seeds") or {}).items():
         med, worst = s["median_ratio_vs_recbole_time_to_best"], s["max_ratio_vs_recbole_time_to_best"]
         lines += ["", f"**{name}, over seeds {', '.join(s['seeds'])}**: {s['reached']} of {len(s['seeds'])} reach "
