@@ -155,12 +155,16 @@ class Recommender:
         scored exactly and merged in (unless excluded)."""
         assert self.ann is not None
         h = self.model.encode(batch)
-        if exclude_seen or self.model.history_offsets(batch.items) is None:
+        offsets = self.model.history_offsets(batch.items)
+        if exclude_seen or offsets is None:
             values, ids = self.ann.search(h, k, exclude=[idx] if exclude_seen else None)
             return self._results(values[0].tolist(), ids[0].tolist())
         seen = torch.unique(batch.items[batch.items != 0])  # the items the offsets apply to (the model's window)
         values, ids = self.ann.search(h, k, exclude=[seen.tolist()])
-        exact = self.model.score(batch)[0, seen].float()  # base score + history offsets
+        # exact scores of the window's items only (not the whole catalogue): base score + history offsets
+        bias = self.model.item_bias()
+        base = h[0] @ self.model.item_embeddings()[seen].T + (0.0 if bias is None else bias[seen])
+        exact = base.float() + (batch.items[0][None, :] == seen[:, None]).float() @ offsets[0].float()
         merged_ids = torch.cat([ids[0], seen])
         merged = torch.cat([values[0].float(), exact])
         top = torch.topk(merged, min(k, len(merged)))
