@@ -68,6 +68,10 @@ SEQREC_RUNS: dict[str, tuple[int, int, list[str]]] = {
     "seqrec-batch64-stride0": (64, 0, []),
     "seqrec-batch64-stride0-recbole-arch-jitter": (64, 0, [*RECBOLE_ARCH, "data.jitter=true"]),
     "seqrec-batch64-stride10-recbole-arch-jitter": (64, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
+    # smaller batches: more optimiser steps per epoch (RecBole's 256 one-target samples take ~390 steps
+    # per ml-100k epoch; 64 windows of 10 targets ~160, 16 windows ~620)
+    "seqrec-batch16-stride10-recbole-arch-jitter": (16, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
+    "seqrec-batch32-stride10-recbole-arch-jitter": (32, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
     "seqrec-batch64-stride10-recbole-arch-jitter-seed2021": (64, 10, [*RECBOLE_ARCH, "data.jitter=true",
                                                                       "train.seed=2021"]),
     # + the learned history bias (seqrec.nn.history): a seqrec model option RecBole does not have
