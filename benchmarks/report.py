@@ -224,11 +224,14 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
              "s / train epoch | wall s | peak RSS MB | time to RecBole's best valid N@10 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model, row in d.items():
-        for lib in ("recbole", "seqrec"):
-            r = row[lib]
+        seeds = row.get("seqrec_seeds") or {"": row["seqrec"]}
+        rb_label = "recbole (earlier run, reused)" if row["recbole"].get("reused") else "recbole"
+        libs = [(rb_label, row["recbole"])] + [(f"seqrec seed {k}" if k else "seqrec", r) for k, r in seeds.items()]
+        for lib, r in libs:
             t = r.get("test") or {}
-            epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if lib == "recbole" else f"{r['epochs_run']}"
-            reach = r.get("time_to_best_s") if lib == "recbole" else r.get("time_to_reach_recbole_best_s")
+            is_rb = lib.startswith("recbole")
+            epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if is_rb else f"{r['epochs_run']}"
+            reach = r.get("time_to_best_s") if is_rb else r.get("time_to_reach_recbole_best_s")
             per_epoch = r.get("mean_train_epoch_s")
             rss = r.get("self_peak_rss_mb")
             lines.append("| " + " | ".join([
@@ -236,6 +239,18 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
                 f4(t.get("recall@50")), f4(t.get("ndcg@50")), "–" if per_epoch is None else f"{per_epoch:.1f}",
                 f"{r['wall_s']:.0f}", "–" if rss is None else f"{rss:.0f}",
                 "not reached" if reach is None else f"{reach:.0f} s"]) + " |")
+        over = row.get("seqrec_over_seeds")
+        if over and len(over["seeds"]) > 1:
+            t, reach = over["test"], over["median_time_to_reach_recbole_best_s"]
+            lines.append("| " + " | ".join([
+                model, f"seqrec, median of {len(over['seeds'])} seeds", "–", "–", f4(t["recall@10"]),
+                f4(t["ndcg@10"]), f4(t["recall@50"]), f4(t["ndcg@50"]), "–", "–", "–",
+                f"{over['reached_recbole_best']} of {len(over['seeds'])} reach it; median "
+                + ("never" if reach is None else f"{reach:.0f} s")]) + " |")
+    lines += ["", "seqrec overrides beyond the shared hyper-parameters are recorded per run in the file (`overrides`); "
+              "`-hist` rows add seqrec's learned history bias (`model.history_bias`), which RecBole's models do not "
+              "have. A RecBole row marked reused is the RecBole run of an earlier invocation with the same "
+              "hyper-parameters and cap (`--reuse-recbole`, its command recorded as `reused_from`), on this machine."]
     return lines
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,7 @@ def run_recbole(model: str, out: Path, epochs: int, python: Path) -> dict[str, A
     return {"process": proc, "result": json.loads(out.read_text())}
 
 
-def run_seqrec(model: str, run_dir: Path) -> dict[str, Any]:
+def run_seqrec(model: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     from seqrec.data.catalog import load_known
     from seqrec.data.prepare import PrepareOptions, prepare
 
@@ -66,7 +68,7 @@ def run_seqrec(model: str, run_dir: Path) -> dict[str, Any]:
             f"train.lr={SHARED['lr']}", "train.epochs=400", f"train.patience={SHARED['patience']}",
             f"train.seed={SHARED['seed']}", f"train.threads={SHARED['threads']}", "train.progress=false",
             f"train.time_budget_s={SEQREC_BUDGET_S}",
-            "eval.ks=[10, 50]"]
+            "eval.ks=[10, 50]", *extra]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
@@ -76,27 +78,54 @@ def run_seqrec(model: str, run_dir: Path) -> dict[str, Any]:
             "overrides": sets}
 
 
-def compare(model: str, cap: int, python: Path) -> dict[str, Any]:
+def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float) -> dict[str, Any]:
+    sq = run_seqrec(model, run_dir, extra)
+    res = sq["result"]
+    return {**sq["process"], "epochs_run": res["epochs_run"], "best_epoch": res["checkpoint"]["epoch"],
+            "best_valid_ndcg@10": res["valid"]["ndcg@10"], "train_seconds": res["train_seconds"],
+            "mean_train_epoch_s": sum(e["train_s"] for e in sq["epochs"]) / max(1, len(sq["epochs"])),
+            "time_to_reach_recbole_best_s": time_to_reach(sq["epochs"], rb_best),
+            "self_peak_rss_mb": res["peak_rss_mb"], "test": res["test"], "overrides": sq["overrides"],
+            "protocol": res.get("protocol")}
+
+
+def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Median test metrics over the seqrec seeds, and how many reached RecBole's best validation NDCG@10."""
+    tests = [r["test"] for r in rows.values()]
+    reach = [r["time_to_reach_recbole_best_s"] for r in rows.values()]
+    inf = float("inf")
+    med_reach = statistics.median(inf if x is None else x for x in reach)
+    return {"seeds": list(rows), "test": {k: statistics.median(t[k] for t in tests) for k in tests[0]},
+            "reached_recbole_best": sum(x is not None for x in reach),
+            "median_time_to_reach_recbole_best_s": None if math.isinf(med_reach) else med_reach}
+
+
+def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
+            earlier: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
+    """RecBole once, then seqrec once per seed. `earlier`: a previous row of this model whose RecBole run
+    (same cap) is reused instead of run again, marked `reused` with the command that produced it."""
     out_dir = WORK / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
-    rb = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python)
-    rb_epochs = rb["result"]["epochs"]
-    rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
-    rb_row = {**rb["process"], "epoch_cap": cap, "epochs_run": len(rb_epochs), "best_valid_ndcg@10": rb_best,
-              "time_to_best_s": min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best),
-              "mean_train_epoch_s": rb["result"].get("time_s", {}).get("mean_train_epoch"),
-              "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
-              "test": rb["result"].get("test"), "hyperparameters": rb["result"].get("hyperparameters")}
-    sq = run_seqrec(model, out_dir / f"seqrec-{model.lower()}")
-    res = sq["result"]
-    reach = time_to_reach(sq["epochs"], rb_best)
-    sq_row = {**sq["process"], "epochs_run": res["epochs_run"], "best_epoch": res["checkpoint"]["epoch"],
-              "best_valid_ndcg@10": res["valid"]["ndcg@10"], "train_seconds": res["train_seconds"],
-              "mean_train_epoch_s": sum(e["train_s"] for e in sq["epochs"]) / max(1, len(sq["epochs"])),
-              "time_to_reach_recbole_best_s": reach, "self_peak_rss_mb": res["peak_rss_mb"], "test": res["test"],
-              "overrides": sq["overrides"]}
-    return {"model": model, "recbole": rb_row, "seqrec": sq_row, "protocol": rb["result"].get("protocol"),
-            "seqrec_protocol": res.get("protocol")}
+    if earlier is not None and earlier["recbole"]["epoch_cap"] == cap:
+        rb_row = {**earlier["recbole"], "reused": True,
+                  "reused_from": earlier["recbole"].get("reused_from", earlier.get("command"))}
+        rb_best, protocol = rb_row["best_valid_ndcg@10"], earlier.get("protocol")
+    else:
+        rb = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python)
+        rb_epochs = rb["result"]["epochs"]
+        rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
+        rb_row = {**rb["process"], "epoch_cap": cap, "epochs_run": len(rb_epochs), "best_valid_ndcg@10": rb_best,
+                  "time_to_best_s": min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best),
+                  "mean_train_epoch_s": rb["result"].get("time_s", {}).get("mean_train_epoch"),
+                  "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
+                  "test": rb["result"].get("test"), "hyperparameters": rb["result"].get("hyperparameters")}
+        protocol = rb["result"].get("protocol")
+    sq_rows = {seed: seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
+                                [*extra, f"train.seed={seed}"], rb_best) for seed in seeds}
+    first = sq_rows[seeds[0]]
+    return {"model": model, "recbole": rb_row, "seqrec": first, "seqrec_seeds": {str(k): v for k, v in sq_rows.items()},
+            "seqrec_over_seeds": median_over_seeds({str(k): v for k, v in sq_rows.items()}),
+            "protocol": protocol, "seqrec_protocol": first.get("protocol")}
 
 
 def main() -> None:
@@ -104,15 +133,26 @@ def main() -> None:
     p.add_argument("--recbole-epochs", nargs="+", default=["GRU4Rec=5", "BERT4Rec=3"], metavar="MODEL=N",
                    help="models to compare and RecBole's epoch cap for each")
     p.add_argument("--recbole-python", type=Path, default=RECBOLE_PY)
+    p.add_argument("--seqrec-seeds", default=str(SHARED["seed"]),
+                   help="comma-separated seeds: seqrec runs once per seed (RecBole once, seed 2020); the report "
+                        "shows each and the median test metrics")
+    p.add_argument("--reuse-recbole", action="store_true",
+                   help="reuse the RecBole run already in --out for a model when its epoch cap is the same "
+                        "(marked `reused` in the file) instead of running it again")
+    p.add_argument("--tag", default="", help="suffix of the result key and run folders (e.g. -hist)")
+    p.add_argument("--seqrec-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra seqrec config overrides (recorded in each run's overrides)")
     p.add_argument("--out", type=Path, default=RESULTS / "zoo_vs_recbole.json")
     args = p.parse_args()
     table = json.loads(args.out.read_text()) if args.out.exists() else {}
     for spec in args.recbole_epochs:
         model, _, cap = spec.partition("=")
-        row = compare(model, int(cap), args.recbole_python)
+        row = compare(model, int(cap), args.recbole_python, [int(x) for x in args.seqrec_seeds.split(",")],
+                      args.seqrec_set, table.get(model) if args.reuse_recbole else None, args.tag)
         row["command"] = " ".join(["python", "benchmarks/zoo_vs_recbole.py", *sys.argv[1:]])
         row["machine"] = machine()
-        table[model] = row
+        table = json.loads(args.out.read_text()) if args.out.exists() else {}  # runs may go side by side
+        table[model + args.tag] = row
         write_result(args.out, table)
         print(json.dumps({k: row[k] for k in ("recbole", "seqrec")}, indent=1), flush=True)
 
