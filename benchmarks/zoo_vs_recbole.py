@@ -11,7 +11,7 @@ and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
 RecBole trains on one prefix per sample and is slow on this CPU, so its epochs are
 capped (--recbole-epochs, recorded in the file); its "best" is the best within the
 cap. seqrec runs to early stopping (patience 10) or its training-time budget
-(SEQREC_BUDGET_S, recorded in each run's config). A seqrec sample is a window of up
+(SEQREC_BUDGET_S or --seqrec-budget, recorded in each run's config). A seqrec sample is a window of up
 to 50 targets, a RecBole sample one prefix, so batch sizes are not comparable units.
 
     bash benchmarks/setup_recbole.sh   # or --recbole-python PATH to an existing one
@@ -57,7 +57,7 @@ def run_recbole(model: str, out: Path, epochs: int, python: Path) -> dict[str, A
     return {"process": proc, "result": json.loads(out.read_text())}
 
 
-def run_seqrec(model: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
+def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float = SEQREC_BUDGET_S) -> dict[str, Any]:
     from seqrec.data.catalog import load_known
     from seqrec.data.prepare import PrepareOptions, prepare
 
@@ -67,7 +67,7 @@ def run_seqrec(model: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     sets = [f'data.dataset="{data_dir}"', f"data.max_len={SHARED['max_len']}", *HP[model]["seqrec"],
             f"train.lr={SHARED['lr']}", "train.epochs=400", f"train.patience={SHARED['patience']}",
             f"train.seed={SHARED['seed']}", f"train.threads={SHARED['threads']}", "train.progress=false",
-            f"train.time_budget_s={SEQREC_BUDGET_S}",
+            f"train.time_budget_s={budget}",
             "eval.ks=[10, 50]", *extra]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
     for s in sets:
@@ -78,8 +78,8 @@ def run_seqrec(model: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
             "overrides": sets}
 
 
-def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float) -> dict[str, Any]:
-    sq = run_seqrec(model, run_dir, extra)
+def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float, budget: float) -> dict[str, Any]:
+    sq = run_seqrec(model, run_dir, extra, budget)
     res = sq["result"]
     return {**sq["process"], "epochs_run": res["epochs_run"], "best_epoch": res["checkpoint"]["epoch"],
             "best_valid_ndcg@10": res["valid"]["ndcg@10"], "train_seconds": res["train_seconds"],
@@ -101,7 +101,7 @@ def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
-            earlier: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
+            earlier: dict[str, Any] | None = None, tag: str = "", budget: float = SEQREC_BUDGET_S) -> dict[str, Any]:
     """RecBole once, then seqrec once per seed. `earlier`: a previous row of this model whose RecBole run
     (same cap) is reused instead of run again, marked `reused` with the command that produced it."""
     out_dir = WORK / "speed"
@@ -121,7 +121,7 @@ def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[st
                   "test": rb["result"].get("test"), "hyperparameters": rb["result"].get("hyperparameters")}
         protocol = rb["result"].get("protocol")
     sq_rows = {seed: seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
-                                [*extra, f"train.seed={seed}"], rb_best) for seed in seeds}
+                                [*extra, f"train.seed={seed}"], rb_best, budget) for seed in seeds}
     first = sq_rows[seeds[0]]
     return {"model": model, "recbole": rb_row, "seqrec": first, "seqrec_seeds": {str(k): v for k, v in sq_rows.items()},
             "seqrec_over_seeds": median_over_seeds({str(k): v for k, v in sq_rows.items()}),
@@ -139,6 +139,8 @@ def main() -> None:
     p.add_argument("--reuse-recbole", action="store_true",
                    help="reuse the RecBole run already in --out for a model when its epoch cap is the same "
                         "(marked `reused` in the file) instead of running it again")
+    p.add_argument("--seqrec-budget", type=float, default=SEQREC_BUDGET_S,
+                   help="seqrec's training-time budget per run, seconds (recorded in each run's config)")
     p.add_argument("--tag", default="", help="suffix of the result key and run folders (e.g. -hist)")
     p.add_argument("--seqrec-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra seqrec config overrides (recorded in each run's overrides)")
@@ -148,7 +150,8 @@ def main() -> None:
     for spec in args.recbole_epochs:
         model, _, cap = spec.partition("=")
         row = compare(model, int(cap), args.recbole_python, [int(x) for x in args.seqrec_seeds.split(",")],
-                      args.seqrec_set, table.get(model) if args.reuse_recbole else None, args.tag)
+                      args.seqrec_set, table.get(model) if args.reuse_recbole else None, args.tag,
+                      args.seqrec_budget)
         row["command"] = " ".join(["python", "benchmarks/zoo_vs_recbole.py", *sys.argv[1:]])
         row["machine"] = machine()
         table = json.loads(args.out.read_text()) if args.out.exists() else {}  # runs may go side by side
