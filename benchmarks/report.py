@@ -251,7 +251,9 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
               "`-hist` rows add seqrec's learned history bias (`model.history_bias`), which RecBole's models do not "
               "have; `-stride10` rows train on overlapping windows that take the loss on their last 10 targets, their "
               "boundaries drawn afresh each epoch (`data.stride=10 data.jitter=true`), so every target sees a long "
-              "context, as each of RecBole's one-prefix samples does. seqrec runs once per seed, RecBole once "
+              "context, as each of RecBole's one-prefix samples does; `-long` rows also raise seqrec's patience "
+              "(`train.patience`, 20 for GRU4Rec, 30 for BERT4Rec) and its training-time budget, both recorded. "
+              "seqrec runs once per seed, RecBole once "
               "(seed 2020). A RecBole row marked reused is the RecBole run of an earlier invocation with the same "
               "hyper-parameters and cap (`--reuse-recbole`, its command recorded as `reused_from`), on this machine."]
     return lines
