@@ -226,10 +226,10 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
     for model, row in d.items():
         seeds = row.get("seqrec_seeds") or {"": row["seqrec"]}
         rb_label = "recbole (earlier run, reused)" if row["recbole"].get("reused") else "recbole"
-        libs = [(rb_label, row["recbole"])] + [(f"seqrec seed {k}" if k else "seqrec", r) for k, r in seeds.items()]
-        for lib, r in libs:
+        libs = [(rb_label, row["recbole"], True)]
+        libs += [(f"seqrec seed {k}" if k else "seqrec", r, False) for k, r in seeds.items()]
+        for lib, r, is_rb in libs:
             t = r.get("test") or {}
-            is_rb = lib.startswith("recbole")
             epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if is_rb else f"{r['epochs_run']}"
             reach = r.get("time_to_best_s") if is_rb else r.get("time_to_reach_recbole_best_s")
             per_epoch = r.get("mean_train_epoch_s")

@@ -111,6 +111,13 @@ def time_to_reach(epochs: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
+def reach_stat(times: list[float | None], pick: Any = statistics.median) -> float | None:
+    """`pick` (median, max) of times where None means never reached, counted as infinitely slow;
+    None again when the pick is never (JSON has no infinity)."""
+    value = pick(math.inf if t is None else t for t in times)
+    return None if math.isinf(value) else value
+
+
 def over_seeds(rows: dict[str, Any], names: list[str], seeds: list[str]) -> dict[str, Any]:
     """Per seqrec run: how many seeds reached RecBole's best, and the median ratio of the time to reach it
     to RecBole's time to its best (a seed that never reached it counts as infinitely slow)."""
@@ -118,16 +125,10 @@ def over_seeds(rows: dict[str, Any], names: list[str], seeds: list[str]) -> dict
     for name in names:
         ratios = [rows[f"{name}-seed{seed}"]["ratio_vs_recbole_time_to_best"] for seed in seeds]
         walls = [rows[f"{name}-seed{seed}"]["ratio_vs_recbole_total_wall"] for seed in seeds]
-        def finite(x: float) -> float | None:  # JSON has no infinity: None = not reached
-            return None if math.isinf(x) else x
-
-        inf = float("inf")
         out[name] = {"seeds": seeds, "reached": sum(r is not None for r in ratios),
-                     "median_ratio_vs_recbole_time_to_best":
-                         finite(statistics.median(inf if r is None else r for r in ratios)),
-                     "median_ratio_vs_recbole_total_wall":
-                         finite(statistics.median(inf if r is None else r for r in walls)),
-                     "max_ratio_vs_recbole_time_to_best": finite(max(inf if r is None else r for r in ratios))}
+                     "median_ratio_vs_recbole_time_to_best": reach_stat(ratios),
+                     "median_ratio_vs_recbole_total_wall": reach_stat(walls),
+                     "max_ratio_vs_recbole_time_to_best": reach_stat(ratios, max)}
     return out
 
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from common import RESULTS, SHARED_DATA, WORK, machine, write_result
-from speed_vs_recbole import RECBOLE_PY, time_to_reach, timed
+from speed_vs_recbole import RECBOLE_PY, reach_stat, time_to_reach, timed
 
 HP: dict[str, dict[str, Any]] = {
     "GRU4Rec": {"seqrec": ['model.name="gru4rec"', "model.d=64", "model.dropout=0.2", 'model.loss="ce"',
@@ -93,11 +92,9 @@ def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Median test metrics over the seqrec seeds, and how many reached RecBole's best validation NDCG@10."""
     tests = [r["test"] for r in rows.values()]
     reach = [r["time_to_reach_recbole_best_s"] for r in rows.values()]
-    inf = float("inf")
-    med_reach = statistics.median(inf if x is None else x for x in reach)
     return {"seeds": list(rows), "test": {k: statistics.median(t[k] for t in tests) for k in tests[0]},
             "reached_recbole_best": sum(x is not None for x in reach),
-            "median_time_to_reach_recbole_best_s": None if math.isinf(med_reach) else med_reach}
+            "median_time_to_reach_recbole_best_s": reach_stat(reach)}
 
 
 def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
@@ -120,11 +117,11 @@ def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[st
                   "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
                   "test": rb["result"].get("test"), "hyperparameters": rb["result"].get("hyperparameters")}
         protocol = rb["result"].get("protocol")
-    sq_rows = {seed: seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
-                                [*extra, f"train.seed={seed}"], rb_best, budget) for seed in seeds}
-    first = sq_rows[seeds[0]]
-    return {"model": model, "recbole": rb_row, "seqrec": first, "seqrec_seeds": {str(k): v for k, v in sq_rows.items()},
-            "seqrec_over_seeds": median_over_seeds({str(k): v for k, v in sq_rows.items()}),
+    sq_rows = {str(seed): seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
+                                     [*extra, f"train.seed={seed}"], rb_best, budget) for seed in seeds}
+    first = sq_rows[str(seeds[0])]
+    return {"model": model, "recbole": rb_row, "seqrec": first, "seqrec_seeds": sq_rows,
+            "seqrec_over_seeds": median_over_seeds(sq_rows),
             "protocol": protocol, "seqrec_protocol": first.get("protocol")}
 
 
