@@ -17,8 +17,9 @@ from seqrec.models.item2vec import (
     Item2Vec,
     Item2VecConfig,
     compact_left,
+    draw_radius,
     sgns_loss,
-    sgns_loss_by_centre,
+    sgns_loss_banded,
     skipgram_pairs,
 )
 from seqrec.registry import build_model, model_config_class
@@ -29,13 +30,15 @@ from seqrec.train.loop import fit
 
 def test_skipgram_pairs_and_compaction_by_hand() -> None:
     seq = torch.tensor([[0, 1, 2, 3]])
-    centre, context, place = skipgram_pairs(seq, window=1, dynamic=False)
+    centre, context, place = skipgram_pairs(seq, draw_radius(seq, window=1, dynamic=False))
     assert sorted(zip(centre.tolist(), context.tolist(), strict=True)) == [(1, 2), (2, 1), (2, 3), (3, 2)]
     assert (seq.flatten()[place] == centre).all()  # each pair's centre position holds its centre
-    centre, _, _ = skipgram_pairs(seq, window=2, dynamic=False)
+    centre, _, _ = skipgram_pairs(seq, draw_radius(seq, window=2, dynamic=False))
     assert len(centre) == 6  # (1,2) (2,3) (1,3), both directions; padding never pairs
     kept = compact_left(torch.tensor([[0, 5, 6, 7, 8]]), torch.tensor([[True, True, False, True, False]]))
-    assert kept.tolist() == [[0, 0, 0, 5, 7]]
+    assert kept.tolist() == [[5, 7]]  # columns that are padding in every row are dropped
+    kept = compact_left(torch.tensor([[0, 5, 6], [1, 2, 3]]), torch.tensor([[True, True, False], [False, True, True]]))
+    assert kept.tolist() == [[0, 5], [2, 3]]
 
 
 def test_sgns_loss_by_hand_per_pair_and_shared_negatives() -> None:
@@ -56,25 +59,30 @@ def test_sgns_loss_by_hand_per_pair_and_shared_negatives() -> None:
     assert torch.isclose(sgns_loss(u, v_pos, shared, valid, weight=0.5), expected)
 
 
-def test_negatives_by_centre_equal_the_per_pair_loss_and_gradients() -> None:
-    """Shared negatives computed once per centre give sgns_loss's value and gradients, hits removed."""
+def test_shifted_loss_equals_the_per_pair_loss_and_gradients() -> None:
+    """Shared negatives over shifted rows give sgns_loss's value and gradients on the listed pairs,
+    repeated negatives counted twice and hits removed; the dynamic radius drops far pairs."""
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(1, 12, (6, 9), generator=g)
     seq[:2, :3] = 0  # padding
-    centre, context, place = skipgram_pairs(seq, window=3, dynamic=True, generator=g)
+    radius = draw_radius(seq, window=3, dynamic=True, generator=g)
+    assert int(radius.min()) == 1 and int(radius.max()) == 3
+    centre, context, _ = skipgram_pairs(seq, radius)
     negatives = torch.tensor([3, 5, 5, 7, 1])  # drawn with replacement: a repeated negative counts twice
     table_u = torch.randn(12, 4, generator=g, requires_grad=True)
     table_v = torch.randn(12, 4, generator=g, requires_grad=True)
     ref = sgns_loss(table_u[centre], table_v[context], table_v[negatives], negatives[None, :] != context[:, None],
                     weight=0.4)
-    places, centre_of = torch.unique(place, return_inverse=True)
-    out = sgns_loss_by_centre(table_u[seq.flatten()[places]], centre_of, table_v[context], context,
-                              table_v[negatives], negatives, weight=0.4)
+    out = sgns_loss_banded(table_u[seq], table_v[seq], seq, radius, table_v[negatives], negatives, weight=0.4)
     assert bool(torch.isin(context, negatives).any())  # the hit correction is exercised
     torch.testing.assert_close(out, ref)
     for a, b in zip(torch.autograd.grad(out, (table_u, table_v)), torch.autograd.grad(ref, (table_u, table_v)),
                     strict=True):
         torch.testing.assert_close(a, b)
+    empty = torch.zeros(2, 5, dtype=torch.long)  # every event subsampled away: zero, with a graph
+    zero = sgns_loss_banded(table_u[empty], table_v[empty], empty, draw_radius(empty, 3, True), table_v[negatives],
+                             negatives, weight=0.4)
+    assert float(zero.detach()) == 0.0 and zero.requires_grad
 
 
 @pytest.mark.parametrize("shared", [0, 16])

@@ -15,9 +15,11 @@ batched product of tiny matrices. With `shared_negatives = S > 0` (the default)
 one set of S negatives is drawn per batch and shared by every pair, each
 weighted k / S, so the expected loss is word2vec's and the negative term is one
 matrix product. Since the negatives are shared, a centre's negative term is the
-same for all of its pairs and is computed once per centre position ((C, S), not
-(P, S), with P about 2 x window x C). A negative equal to a pair's context is
-removed from that pair's loss.
+same for all of its pairs and is computed once per position ((B, L, S), not
+(P, S), with P about 2 x window x B x L). A negative equal to a pair's context is
+removed from that pair's loss. The pairs are never listed: the pairs at distance
+o are the band |i - j| <= radius of u v^T, so the positive term of a batch is
+one batched matrix product, masked (`sgns_loss_banded`).
 
 A user's state is the recency-weighted mean of the input vectors of the history,
 h = sum_l w_l u_{s_l} / sum_l w_l with w_l = recency^(age of s_l), scored against
@@ -43,28 +45,35 @@ from seqrec.models.base import SequentialModel
 
 
 def compact_left(seq: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Drop the items where `keep` is False and left-pad again: (B, L) -> (B, L), order kept."""
+    """Drop the items where `keep` is False and left-pad again, order kept: (B, L) -> (B, L') with L'
+    the longest row left, so the columns that would be padding in every row are gone."""
     keep = keep & (seq != 0)
     order = torch.argsort(keep.to(torch.int8), dim=1, stable=True)  # dropped first, kept after, in order
-    return torch.gather(seq * keep, 1, order)
+    width = int(keep.sum(1).max()) if seq.shape[0] else 0
+    return torch.gather(seq * keep, 1, order)[:, seq.shape[1] - width:]
 
 
-def skipgram_pairs(seq: torch.Tensor, window: int, dynamic: bool,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(centre item, context item, centre's flat position in seq), each (P,), for every skip-gram pair of
-    left-padded (B, L) sentences; padding never pairs."""
-    radius = (torch.randint(1, window + 1, seq.shape, device=seq.device, generator=generator) if dynamic
-              else torch.full_like(seq, window))
-    where = torch.arange(seq.numel(), device=seq.device).view(seq.shape)
-    centres, contexts, places = [], [], []
-    for o in range(1, min(window, seq.shape[1] - 1) + 1):  # one vectorised step per distance
-        a, b = seq[:, :-o], seq[:, o:]
-        for c, x, r, at in ((a, b, radius[:, :-o], where[:, :-o]), (b, a, radius[:, o:], where[:, o:])):
-            ok = (c != 0) & (x != 0) & (r >= o)
-            centres.append(c[ok])
-            contexts.append(x[ok])
-            places.append(at[ok])
-    return torch.cat(centres), torch.cat(contexts), torch.cat(places)
+def draw_radius(seq: torch.Tensor, window: int, dynamic: bool,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, L) each centre's window radius: U{1..window} per centre (word2vec's dynamic window), or `window`."""
+    if not dynamic:
+        return torch.full_like(seq, window)
+    return torch.randint(1, window + 1, seq.shape, device=seq.device, generator=generator)
+
+
+def pair_band(seq: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """(B, L, L) bool: [b, i, j] is a skip-gram pair (centre i, context j) of the left-padded sentences
+    seq (B, L): both real, 0 < |i - j| <= radius[b, i]."""
+    at = torch.arange(seq.shape[1], device=seq.device)
+    gap = (at[None, :] - at[:, None]).abs()  # (L, L)
+    real = seq != 0
+    return (gap > 0) & (gap[None] <= radius[:, :, None]) & real[:, :, None] & real[:, None, :]
+
+
+def skipgram_pairs(seq: torch.Tensor, radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(centre item, context item, centre's flat position in seq), each (P,), for every pair of `pair_band`."""
+    b, i, j = pair_band(seq, radius).nonzero(as_tuple=True)
+    return seq[b, i], seq[b, j], b * seq.shape[1] + i
 
 
 def sgns_loss(u: torch.Tensor, v_pos: torch.Tensor, v_neg: torch.Tensor, neg_valid: torch.Tensor,
@@ -77,23 +86,24 @@ def sgns_loss(u: torch.Tensor, v_pos: torch.Tensor, v_neg: torch.Tensor, neg_val
     return (pos + weight * neg.sum(-1)).mean()
 
 
-def sgns_loss_by_centre(u: torch.Tensor, centre_of: torch.Tensor, v_pos: torch.Tensor, context: torch.Tensor,
-                        v_neg: torch.Tensor, negatives: torch.Tensor, weight: float) -> torch.Tensor:
-    """`sgns_loss` with negatives shared by every pair, its negative term computed once per centre.
+def sgns_loss_banded(u: torch.Tensor, v: torch.Tensor, seq: torch.Tensor, radius: torch.Tensor,
+                     v_neg: torch.Tensor, negatives: torch.Tensor, weight: float) -> torch.Tensor:
+    """`sgns_loss` over every pair of `pair_band(seq, radius)` with negatives shared by every pair,
+    without listing the pairs.
 
-    u (C, D): one row per centre position; centre_of (P,): each pair's row of u; v_pos (P, D) and
-    context (P,): each pair's context vector and item; v_neg (S, D), negatives (S,): the shared draw.
-    A centre's negative term is the same for each of its ~2 x window pairs, so the (P, S) softplus
-    becomes (C, S); a negative equal to a pair's context is then taken back out for that pair, which
-    only concerns the few pairs whose context was drawn. Same value as `sgns_loss`."""
-    pos = F.softplus(-(u[centre_of] * v_pos).sum(-1))  # (P,)
-    per_centre = F.softplus(u @ v_neg.T)  # (C, S): -log sigma(-u·v_j)
-    pairs_per_centre = torch.bincount(centre_of, minlength=u.shape[0]).to(per_centre.dtype)
-    neg = (pairs_per_centre * per_centre.sum(-1)).sum()
-    drawn = torch.isin(context, negatives)  # pairs whose context is among the negatives: remove those terms
-    hits = context[drawn, None] == negatives[None, :]  # (P_drawn, S)
-    neg = neg - (per_centre[centre_of[drawn]] * hits).sum()
-    return (pos.sum() + weight * neg) / pos.shape[0]
+    u, v (B, L, D): input and output vectors of the sentences seq (B, L); v_neg (S, D), negatives (S,):
+    the shared draw. Every centre-context dot product of a sentence is one entry of u v^T (B, L, L), one
+    batched matrix product whose band holds the pairs: no gather of pair rows, no scatter in the
+    backward pass, no loop over distances. A centre's negative term is the same for each of its pairs,
+    so it is computed once per position ((B, L, S)) and counted once per pair; a negative equal to a
+    pair's context is taken back out for that pair (the band times "is this context negative j",
+    another batched product). Same value and gradients as `sgns_loss`."""
+    band = pair_band(seq, radius).to(u.dtype)  # (B, L, L)
+    pos = (F.softplus(-(u @ v.transpose(1, 2))) * band).sum()  # -log sigma(u·v) on the band
+    hits = band @ (seq[..., None] == negatives).to(u.dtype)  # (B, L, S): a centre's contexts equal to negative j
+    per_centre = F.softplus(u @ v_neg.T)  # (B, L, S): -log sigma(-u·v_j)
+    neg = (per_centre * (band.sum(-1, keepdim=True) - hits)).sum()
+    return (pos + weight * neg) / band.sum().clamp(min=1)  # no pair at all: 0, with a graph
 
 
 @dataclass
@@ -171,14 +181,14 @@ class Item2Vec(SequentialModel):
         keep_p = self._keep_probability()
         if keep_p is not None:
             seq = compact_left(seq, torch.rand(seq.shape, device=seq.device) < keep_p[seq])
-        centre, context, place = skipgram_pairs(seq, self.config.window, self.config.dynamic_window)
-        if centre.numel() == 0:  # every pair subsampled away: a zero that still has a graph
-            return self.item_emb.weight.sum() * 0.0
+        radius = draw_radius(seq, self.config.window, self.config.dynamic_window)
         k, shared = self.config.n_negatives, self.config.shared_negatives
         if shared:
             neg = self._negatives((shared,), seq.device)  # (S,), one set for every pair
-            places, centre_of = torch.unique(place, return_inverse=True)  # (C,) centre positions
-            return sgns_loss_by_centre(self.item_emb(seq.flatten()[places]), centre_of, self.out_emb(context),
-                                       context, self.out_emb(neg), neg, weight=k / shared)
+            return sgns_loss_banded(self.item_emb(seq), self.out_emb(seq), seq, radius, self.out_emb(neg), neg,
+                                     weight=k / shared)
+        centre, context, _ = skipgram_pairs(seq, radius)
+        if centre.numel() == 0:  # every pair subsampled away: a zero that still has a graph
+            return self.item_emb.weight.sum() * 0.0
         neg = self._negatives((centre.shape[0], k), seq.device)  # (P, k)
         return sgns_loss(self.item_emb(centre), self.out_emb(context), self.out_emb(neg), neg != context[:, None])
