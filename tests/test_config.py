@@ -41,3 +41,10 @@ def test_toml_file_errors(tmp_path: Path) -> None:
     bad.write_text("[model\n")
     with pytest.raises(SeqrecError, match=r"bad\.toml"):
         load_toml(bad)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_resolves(path: Path) -> None:
+    """The configs the README points to have no stale or misspelt key (unknown keys are errors)."""
+    cfg = resolve(load_toml(path), [])
+    assert cfg.model.name in path.stem
