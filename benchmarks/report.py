@@ -184,7 +184,11 @@ def zoo(d: dict[str, Any]) -> list[str]:
              "(patience 5; BERT4Rec 20), one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by "
              "its training-time budget. UniSRec here is text only, from scratch, and runs where items have "
              "real text (not Beauty or Sports, whose item text is generated ids). "
-             "Peak RSS is the cell's own process.", "",
+             "Peak RSS is the cell's own process. Tags: `-long`, a 420 s (ml-100k) or 900 s budget instead of "
+             "the dataset's; `-recipe`, max length 50 with overlapping windows drawn afresh each epoch "
+             "(`data.stride=10 data.jitter=true`; for SASRec RecBole's layout too), as in "
+             "configs/ml-100k-*.toml (patience and budget may differ); `-hist`, the learned history bias; "
+             "the overrides are in each entry.", "",
              "| dataset | model | R@10 | N@10 | R@50 | N@50 | loss | max len | best / run epochs | train s | "
              "peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {(ds, m): i for i, (ds, m) in enumerate((ds, m) for ds in ZOO_DATASETS for m in ZOO_MODELS)}
