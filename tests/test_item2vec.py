@@ -39,6 +39,10 @@ def test_skipgram_pairs_and_compaction_by_hand() -> None:
     assert kept.tolist() == [[5, 7]]  # columns that are padding in every row are dropped
     kept = compact_left(torch.tensor([[0, 5, 6], [1, 2, 3]]), torch.tensor([[True, True, False], [False, True, True]]))
     assert kept.tolist() == [[0, 5], [2, 3]]
+    # a centre's own radius decides its pairs: positions 0..3 with radii 1, 2, 1, 1
+    centre, context, _ = skipgram_pairs(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 2, 1, 1]]))
+    assert sorted(zip(centre.tolist(), context.tolist(), strict=True)) == [
+        (1, 2), (2, 1), (2, 3), (2, 4), (3, 2), (3, 4), (4, 3)]
 
 
 def test_sgns_loss_by_hand_per_pair_and_shared_negatives() -> None:
@@ -59,9 +63,9 @@ def test_sgns_loss_by_hand_per_pair_and_shared_negatives() -> None:
     assert torch.isclose(sgns_loss(u, v_pos, shared, valid, weight=0.5), expected)
 
 
-def test_shifted_loss_equals_the_per_pair_loss_and_gradients() -> None:
-    """Shared negatives over shifted rows give sgns_loss's value and gradients on the listed pairs,
-    repeated negatives counted twice and hits removed; the dynamic radius drops far pairs."""
+def test_banded_loss_equals_the_per_pair_loss_and_gradients() -> None:
+    """Shared negatives over the band of u v^T give sgns_loss's value and gradients on the listed pairs,
+    repeated negatives counted twice and hits removed."""
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(1, 12, (6, 9), generator=g)
     seq[:2, :3] = 0  # padding

@@ -97,7 +97,8 @@ def sgns_loss_banded(u: torch.Tensor, v: torch.Tensor, seq: torch.Tensor, radius
     backward pass, no loop over distances. A centre's negative term is the same for each of its pairs,
     so it is computed once per position ((B, L, S)) and counted once per pair; a negative equal to a
     pair's context is taken back out for that pair (the band times "is this context negative j",
-    another batched product). Same value and gradients as `sgns_loss`."""
+    another batched product). Same value and gradients as `sgns_loss`. Memory is (B, L, L) per batch,
+    which is small for the max lengths of sequential recommendation (B 128, L 200: 20 MB a tensor)."""
     band = pair_band(seq, radius).to(u.dtype)  # (B, L, L)
     pos = (F.softplus(-(u @ v.transpose(1, 2))) * band).sum()  # -log sigma(u·v) on the band
     hits = band @ (seq[..., None] == negatives).to(u.dtype)  # (B, L, S): a centre's contexts equal to negative j
