@@ -188,7 +188,7 @@ def zoo(d: dict[str, Any]) -> list[str]:
              "the dataset's; `-recipe`, max length 50 with overlapping windows drawn afresh each epoch "
              "(`data.stride=10 data.jitter=true`; for SASRec RecBole's layout too), as in "
              "configs/ml-100k-*.toml (patience and budget may differ); `-hist`, the learned history bias; "
-             "the overrides are in each entry.", "",
+             "`-p10`, patience 10; the overrides are in each entry.", "",
              "| dataset | model | R@10 | N@10 | R@50 | N@50 | loss | max len | best / run epochs | train s | "
              "peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {(ds, m): i for i, (ds, m) in enumerate((ds, m) for ds in ZOO_DATASETS for m in ZOO_MODELS)}
