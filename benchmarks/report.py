@@ -256,7 +256,9 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
               "have; `-stride10` rows train on overlapping windows that take the loss on their last 10 targets, their "
               "boundaries drawn afresh each epoch (`data.stride=10 data.jitter=true`), so every target sees a long "
               "context, as each of RecBole's one-prefix samples does; `-long` rows also raise seqrec's patience "
-              "(`train.patience`, 20 for GRU4Rec, 30 for BERT4Rec) and its training-time budget, both recorded. "
+              "(`train.patience`, 20 for GRU4Rec, 30 for BERT4Rec) and its training-time budget, both recorded; "
+              "`-config` rows run seqrec from `configs/ml-100k-MODEL.toml` as shipped (the `-stride10-long` recipe) "
+              "and RecBole with arguments derived from that file (`config` in each run). "
               "seqrec runs once per seed, RecBole once "
               "(seed 2020). A RecBole row marked reused is the RecBole run of an earlier invocation with the same "
               "hyper-parameters and cap (`--reuse-recbole`, its command recorded as `reused_from`), on this machine."]

@@ -72,6 +72,10 @@ SEQREC_RUNS: dict[str, tuple[int, int, list[str]]] = {
     # per ml-100k epoch; 64 windows of 10 targets ~160, 16 windows ~620)
     "seqrec-batch16-stride10-recbole-arch-jitter": (16, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
     "seqrec-batch32-stride10-recbole-arch-jitter": (32, 10, [*RECBOLE_ARCH, "data.jitter=true"]),
+    # the same with patience 20: at batch 32 the validation curve is noisy, and patience 10 stopped a seed
+    # before it peaked
+    "seqrec-batch32-stride10-recbole-arch-jitter-p20": (32, 10, [*RECBOLE_ARCH, "data.jitter=true",
+                                                                 "train.patience=20"]),
     "seqrec-batch64-stride10-recbole-arch-jitter-seed2021": (64, 10, [*RECBOLE_ARCH, "data.jitter=true",
                                                                       "train.seed=2021"]),
     # + the learned history bias (seqrec.nn.history): a seqrec model option RecBole does not have

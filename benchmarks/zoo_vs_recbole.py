@@ -2,17 +2,20 @@
 
 Same data (the RecBole atomic ml-100k files), same protocol (leave-one-out in time
 order, full ranking, valid NDCG@10 for model choice, test read once, max length 50),
-the same hyper-parameters for both libraries (HP below: d 64, CE loss, lr 1e-3,
-dropout 0.2; BERT4Rec 2 post-LN layers of 2 heads, inner 256, mask ratio 0.2, share
-of last-item-only masking 0.1 = RecBole's ft_ratio), one thread each. Each run is a
-fresh process, one after the other; the script records wall and CPU time, peak RSS
-and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
+the same hyper-parameters for both libraries, one thread each. The seqrec side is
+`seqrec train --config configs/ml-100k-MODEL.toml` (plus --seqrec-set overrides) and
+RecBole's arguments are derived from that resolved config (`recbole_hp`: d, layers,
+heads, inner size, dropout, mask ratio, last-item-only share = RecBole's ft_ratio,
+lr, max length), so the shipped configs and the comparison cannot drift apart. Each
+run is a fresh process, one after the other; the script records wall and CPU time,
+peak RSS and the time at which seqrec's validation NDCG@10 first reaches RecBole's best.
 
 RecBole trains on one prefix per sample and is slow on this CPU, so its epochs are
 capped (--recbole-epochs, recorded in the file); its "best" is the best within the
-cap. seqrec runs to early stopping (patience 10) or its training-time budget
-(SEQREC_BUDGET_S or --seqrec-budget, recorded in each run's config). A seqrec sample is a window of up
-to 50 targets, a RecBole sample one prefix, so batch sizes are not comparable units.
+cap, with RecBole's early stopping at 10 evaluations. seqrec runs to the config's
+early stopping or training-time budget (--seqrec-budget overrides it; recorded in
+each run's config). A seqrec sample is a window of up to 50 targets, a RecBole
+sample one prefix, so batch sizes are not comparable units.
 
     bash benchmarks/setup_recbole.sh   # or --recbole-python PATH to an existing one
     python benchmarks/zoo_vs_recbole.py --recbole-epochs GRU4Rec=5 BERT4Rec=3
@@ -27,64 +30,76 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, SHARED_DATA, WORK, machine, write_result
+from common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
 from speed_vs_recbole import RECBOLE_PY, reach_stat, time_to_reach, timed
 
-HP: dict[str, dict[str, Any]] = {
-    "GRU4Rec": {"seqrec": ['model.name="gru4rec"', "model.d=64", "model.dropout=0.2", 'model.loss="ce"',
-                           "train.batch_size=32"],
-                "recbole": ["--hidden-size", "64", "--train-batch-size", "256", "--model-set", "embedding_size=64",
-                            "--model-set", "num_layers=1", "--model-set", "dropout_prob=0.2"]},
-    "BERT4Rec": {"seqrec": ['model.name="bert4rec"', "model.d=64", "model.n_layers=2", "model.n_heads=2",
-                            "model.d_ff=256", "model.dropout=0.2", "model.attn_dropout=0.2", "model.norm_first=false",
-                            "model.mask_prob=0.2", "model.last_mask_share=0.1", 'model.loss="ce"',
-                            "train.batch_size=32"],
-                 "recbole": ["--n-layers", "2", "--n-heads", "2", "--hidden-size", "64", "--inner-size", "256",
-                             "--hidden-dropout-prob", "0.2", "--attn-dropout-prob", "0.2", "--train-batch-size",
-                             "256", "--model-set", "mask_ratio=0.2", "--model-set", "ft_ratio=0.1"]},
-}
-SHARED = {"lr": 1e-3, "max_len": 50, "patience": 10, "seed": 2020, "threads": 1}
-SEQREC_BUDGET_S = 180
+from seqrec.config import RunConfig, load_toml, resolve
+
+CONFIGS = {"GRU4Rec": ROOT / "configs" / "ml-100k-gru4rec.toml", "BERT4Rec": ROOT / "configs" / "ml-100k-bert4rec.toml"}
+RECBOLE_ONLY = {"seed": 2020, "threads": 1, "stopping_step": 10, "train_batch_size": 256}
 
 
-def run_recbole(model: str, out: Path, epochs: int, python: Path) -> dict[str, Any]:
+def seqrec_config(model: str, extra: list[str]) -> RunConfig:
+    """The shipped config of `model` with the run's overrides: the one source of both libraries' settings."""
+    return resolve(load_toml(CONFIGS[model]), extra)
+
+
+def recbole_hp(model: str, cfg: RunConfig) -> list[str]:
+    """RecBole's arguments for the settings of the seqrec config `cfg`, so the two cannot drift apart."""
+    m, t = cfg.model, cfg.train
+    if getattr(m, "loss", None) != "ce" or getattr(m, "history_bias", False):
+        raise SystemExit(f"{model}: RecBole trains plain full-softmax CE; the seqrec side must too")
+    common = ["--lr", str(t.lr), "--max-len", str(cfg.data.max_len), "--seed", str(RECBOLE_ONLY["seed"]),
+              "--threads", str(RECBOLE_ONLY["threads"]), "--stopping-step", str(RECBOLE_ONLY["stopping_step"]),
+              "--train-batch-size", str(RECBOLE_ONLY["train_batch_size"])]
+    if model == "GRU4Rec":
+        return [*common, "--hidden-size", str(m.d), "--model-set", f"embedding_size={m.d}",
+                "--model-set", f"num_layers={m.n_layers}", "--model-set", f"dropout_prob={m.dropout}"]
+    if getattr(m, "norm_first", False):
+        raise SystemExit("BERT4Rec: RecBole's Transformer is post-LN; set model.norm_first=false")
+    return [*common, "--n-layers", str(m.n_layers), "--n-heads", str(m.n_heads), "--hidden-size", str(m.d),
+            "--inner-size", str(m.d_ff), "--hidden-dropout-prob", str(m.dropout),
+            "--attn-dropout-prob", str(m.attn_dropout), "--model-set", f"mask_ratio={m.mask_prob}",
+            "--model-set", f"ft_ratio={m.last_mask_share}"]
+
+
+
+
+def run_recbole(model: str, out: Path, epochs: int, python: Path, cfg: RunConfig) -> dict[str, Any]:
     cmd = [str(python), "benchmarks/recbole_run.py", "--out", str(out), "--model", model,
-           "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--lr", str(SHARED["lr"]),
-           "--epochs", str(epochs), "--stopping-step", str(SHARED["patience"]), "--seed", str(SHARED["seed"]),
-           "--max-len", str(SHARED["max_len"]), "--threads", str(SHARED["threads"]), *HP[model]["recbole"]]
+           "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--epochs", str(epochs), *recbole_hp(model, cfg)]
     proc = timed(cmd, out.with_suffix(".log"))
     return {"process": proc, "result": json.loads(out.read_text())}
 
 
-def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float = SEQREC_BUDGET_S) -> dict[str, Any]:
+def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float | None) -> dict[str, Any]:
+    """`seqrec train --config configs/ml-100k-MODEL.toml` on the RecBole files, one thread, with `extra`."""
     from seqrec.data.catalog import load_known
     from seqrec.data.prepare import PrepareOptions, prepare
 
     data_dir = WORK / "prepared" / "ml-100k-recbole-files"
     if not (data_dir / "meta.json").is_file():
         prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
-    sets = [f'data.dataset="{data_dir}"', f"data.max_len={SHARED['max_len']}", *HP[model]["seqrec"],
-            f"train.lr={SHARED['lr']}", "train.epochs=400", f"train.patience={SHARED['patience']}",
-            f"train.seed={SHARED['seed']}", f"train.threads={SHARED['threads']}", "train.progress=false",
-            f"train.time_budget_s={budget}",
-            "eval.ks=[10, 50]", *extra]
-    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
+    sets = [f'data.dataset="{data_dir}"', f"train.threads={RECBOLE_ONLY['threads']}", "train.progress=false",
+            "eval.ks=[10, 50]", *([f"train.time_budget_s={budget}"] if budget is not None else []), *extra]
+    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--config", str(CONFIGS[model]), "--out", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
     proc = timed(cmd, run_dir.with_suffix(".log"))
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"process": proc, "result": json.loads((run_dir / "results.json").read_text()), "epochs": epochs,
-            "overrides": sets}
+            "config": str(CONFIGS[model].relative_to(ROOT)), "overrides": sets}
 
 
-def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float, budget: float) -> dict[str, Any]:
+def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float, budget: float | None) -> dict[str, Any]:
     sq = run_seqrec(model, run_dir, extra, budget)
     res = sq["result"]
     return {**sq["process"], "epochs_run": res["epochs_run"], "best_epoch": res["checkpoint"]["epoch"],
             "best_valid_ndcg@10": res["valid"]["ndcg@10"], "train_seconds": res["train_seconds"],
             "mean_train_epoch_s": sum(e["train_s"] for e in sq["epochs"]) / max(1, len(sq["epochs"])),
             "time_to_reach_recbole_best_s": time_to_reach(sq["epochs"], rb_best),
-            "self_peak_rss_mb": res["peak_rss_mb"], "test": res["test"], "overrides": sq["overrides"],
+            "self_peak_rss_mb": res["peak_rss_mb"], "test": res["test"], "config": sq["config"],
+            "overrides": sq["overrides"],
             "protocol": res.get("protocol")}
 
 
@@ -98,7 +113,7 @@ def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
-            earlier: dict[str, Any] | None = None, tag: str = "", budget: float = SEQREC_BUDGET_S) -> dict[str, Any]:
+            earlier: dict[str, Any] | None = None, tag: str = "", budget: float | None = None) -> dict[str, Any]:
     """RecBole once, then seqrec once per seed. `earlier`: a previous row of this model whose RecBole run
     (same cap) is reused instead of run again, marked `reused` with the command that produced it."""
     out_dir = WORK / "speed"
@@ -108,7 +123,7 @@ def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[st
                   "reused_from": earlier["recbole"].get("reused_from", earlier.get("command"))}
         rb_best, protocol = rb_row["best_valid_ndcg@10"], earlier.get("protocol")
     else:
-        rb = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python)
+        rb = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python, seqrec_config(model, extra))
         rb_epochs = rb["result"]["epochs"]
         rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
         rb_row = {**rb["process"], "epoch_cap": cap, "epochs_run": len(rb_epochs), "best_valid_ndcg@10": rb_best,
@@ -130,14 +145,15 @@ def main() -> None:
     p.add_argument("--recbole-epochs", nargs="+", default=["GRU4Rec=5", "BERT4Rec=3"], metavar="MODEL=N",
                    help="models to compare and RecBole's epoch cap for each")
     p.add_argument("--recbole-python", type=Path, default=RECBOLE_PY)
-    p.add_argument("--seqrec-seeds", default=str(SHARED["seed"]),
+    p.add_argument("--seqrec-seeds", default=str(RECBOLE_ONLY["seed"]),
                    help="comma-separated seeds: seqrec runs once per seed (RecBole once, seed 2020); the report "
                         "shows each and the median test metrics")
     p.add_argument("--reuse-recbole", action="store_true",
                    help="reuse the RecBole run already in --out for a model when its epoch cap is the same "
                         "(marked `reused` in the file) instead of running it again")
-    p.add_argument("--seqrec-budget", type=float, default=SEQREC_BUDGET_S,
-                   help="seqrec's training-time budget per run, seconds (recorded in each run's config)")
+    p.add_argument("--seqrec-budget", type=float, default=None,
+                   help="seqrec's training-time budget per run, seconds (default: the config's; recorded in each "
+                        "run's config)")
     p.add_argument("--tag", default="", help="suffix of the result key and run folders (e.g. -hist)")
     p.add_argument("--seqrec-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra seqrec config overrides (recorded in each run's overrides)")

@@ -58,6 +58,7 @@ class TrainConfig:
     progress: bool = True
     time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
     refit: bool = False  # after choosing the epoch count on validation, retrain on train + valid events and test that
+    ema: float = 0.0  # decay of an average of the weights, updated every step, that is validated and tested; 0 = off
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
@@ -65,6 +66,8 @@ class TrainConfig:
                 raise SeqrecError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise SeqrecError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 <= self.ema < 1:
+            raise SeqrecError(f"train.ema must be in [0, 1) (0 = off), got {self.ema}")
 
 
 @dataclass

@@ -42,6 +42,7 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
 
 @pytest.mark.parametrize(("name", "extra"), [("sasrec", ["model.dropout=0.3"]),
                                              ("gru4rec", ["model.dropout=0.3", "train.refit=true"]),
+                                             ("sasrec", ["train.ema=0.9", "train.refit=true"]),
                                              ("item2vec", [])])
 def test_resumed_run_equals_uninterrupted_run(name: str, extra: list[str], tiny_dataset: PreparedDataset,
                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

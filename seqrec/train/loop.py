@@ -38,6 +38,7 @@ from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
 from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, init_world, loss_module
+from seqrec.train.ema import WeightAverage
 from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
 from seqrec.train.state import LoopState, load_state, save_state
@@ -76,8 +77,10 @@ class EpochStats:
 
 
 def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.Optimizer,
-                cfg: RunConfig, device: torch.device, epoch: int, step: torch.nn.Module | None = None) -> EpochStats:
-    """One pass over `batches`; `step(batch)` gives the loss (default `model.loss`; under torchrun, DDP)."""
+                cfg: RunConfig, device: torch.device, epoch: int, step: torch.nn.Module | None = None,
+                ema: WeightAverage | None = None) -> EpochStats:
+    """One pass over `batches`; `step(batch)` gives the loss (default `model.loss`; under torchrun, DDP);
+    `ema`, if given, follows every optimiser step."""
     model.train()
     step = step or LossModule(model)
     total, n, seen, t0 = 0.0, 0, 0, time.perf_counter()
@@ -91,6 +94,8 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
         if cfg.train.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
         opt.step()
+        if ema is not None:
+            ema.update(model)
         total, n = total + loss.item(), n + 1
         if batch.targets is not None:
             seen += int((batch.targets != 0).sum())
@@ -122,10 +127,12 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
     model, opt, batches, step = setup(cfg, data, device, model, init_items_from, world)
+    ema = weight_average(model, cfg)
+    scored = model if ema is None else ema.model  # what validation, the checkpoint and the test see
     metric = selection_metric(cfg.eval.ks)
     state_dir, ckpt = run_dir / "state", run_dir / "checkpoint"
     if resume:  # every rank loads the same state
-        loop = load_state(state_dir, model, opt, batches)
+        loop = load_state(state_dir, model, opt, batches, ema)
         init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
         log.info("resuming after epoch %d (best %s %.4f @ %d)", loop.epoch, metric, loop.best, loop.best_epoch)
     else:
@@ -138,15 +145,15 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
         if loop.stopped:
             break
-        stats = train_epoch(model, batches, opt, cfg, device, epoch, step)
+        stats = train_epoch(model, batches, opt, cfg, device, epoch, step, ema)
         row: dict[str, Any] = {"epoch": epoch, "loss": stats.loss, "train_s": stats.seconds,
                                "targets_per_s": stats.targets_per_s}
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
-            valid = evaluate(model, data, "valid", L, cfg.eval, device)
+            valid = evaluate(scored, data, "valid", L, cfg.eval, device)
             row["valid"] = valid
             if valid[metric] > loop.best:
                 loop.best, loop.best_epoch, loop.bad = valid[metric], epoch, 0
-                save_checkpoint(model, ckpt, max_len=L, item_table=data.item_table,
+                save_checkpoint(scored, ckpt, max_len=L, item_table=data.item_table,
                                 extra={"epoch": epoch, "dataset_fingerprint": data.fingerprint})
             else:
                 loop.bad += 1
@@ -164,7 +171,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
             log.info("time budget of %.0f s reached", cfg.train.time_budget_s)
             loop.stopped = True
         loop.epoch, loop.elapsed_s = epoch, row["elapsed_s"]
-        save_state(state_dir, loop, model, opt, batches)
+        save_state(state_dir, loop, model, opt, batches, ema)
         world.broadcast(loop.stopped)  # the other ranks stop with rank 0
     if cfg.train.refit:
         selected = run_dir / "checkpoint-selected"
@@ -232,6 +239,11 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     return model, opt, batches, step
 
 
+def weight_average(model: SequentialModel, cfg: RunConfig) -> WeightAverage | None:
+    """The running average of `model`'s weights that `train.ema` asks for (`seqrec.train.ema`), or None."""
+    return WeightAverage(model, cfg.train.ema) if cfg.train.ema > 0 else None
+
+
 def refit(cfg: RunConfig, data: PreparedDataset, device: torch.device, epochs: int,
           init_items_from: Path | None = None, start: SequentialModel | None = None,
           world: World = SINGLE) -> SequentialModel:
@@ -241,10 +253,11 @@ def refit(cfg: RunConfig, data: PreparedDataset, device: torch.device, epochs: i
     `start`: the untrained model that `fit` was given (a pre-trained one, when fine-tuning) to start from."""
     full = data.with_valid_as_training()
     model, opt, batches, step = setup(cfg, full, device, start, init_items_from, world)
+    ema = weight_average(model, cfg)
     for epoch in range(1, epochs + 1):
-        stats = train_epoch(model, batches, opt, cfg, device, epoch, step)
+        stats = train_epoch(model, batches, opt, cfg, device, epoch, step, ema)
         log.info("refit epoch %d/%d loss %.4f %.0f targets/s", epoch, epochs, stats.loss, stats.targets_per_s)
-    return model
+    return model if ema is None else ema.model
 
 
 def final_results(model: SequentialModel, test_model: SequentialModel, data: PreparedDataset, cfg: RunConfig,

@@ -3,6 +3,7 @@
 After every epoch, `fit` writes `state/` in the run folder (atomically, so a crash while
 writing leaves the previous state whole):
     model.safetensors      the current weights (not the best: those are in checkpoint/)
+    ema.safetensors        with `train.ema`: the running average of the weights
     optimizer.safetensors  every tensor of the optimizer state, keyed "<param index>.<name>"
     state.json             loop counters (epoch, best, patience, elapsed time, history), the
                            optimizer's param groups and scalar state, and the random states:
@@ -27,6 +28,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from seqrec.data.io import atomic_dir, read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.base import EpochBatches, SequentialModel
+from seqrec.train.ema import WeightAverage
 
 
 @dataclass
@@ -49,7 +51,7 @@ def _rng_state(batches: EpochBatches) -> dict[str, Any] | None:
 
 
 def save_state(dest: Path, loop: LoopState, model: SequentialModel, opt: torch.optim.Optimizer,
-               batches: EpochBatches) -> None:
+               batches: EpochBatches, ema: WeightAverage | None = None) -> None:
     opt_state = opt.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -68,21 +70,30 @@ def save_state(dest: Path, loop: LoopState, model: SequentialModel, opt: torch.o
             "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
             "batches": _rng_state(batches),
         },
+        "ema_updates": None if ema is None else ema.updates,
     }
     with atomic_dir(dest) as tmp:
         save_model(model, str(tmp / "model.safetensors"))
+        if ema is not None:
+            save_model(ema.model, str(tmp / "ema.safetensors"))
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta) + "\n")
 
 
 def load_state(src: Path, model: SequentialModel, opt: torch.optim.Optimizer,
-               batches: EpochBatches) -> LoopState:
-    """Restore weights, optimizer, random states and the feeder's generator; return the loop counters."""
+               batches: EpochBatches, ema: WeightAverage | None = None) -> LoopState:
+    """Restore weights (and their running average), optimizer, random states and the feeder's generator;
+    return the loop counters."""
     if not (src / "state.json").is_file():
         raise SeqrecError(f"{src.parent}: nothing to resume (no {src.name}/state.json)")
     meta = read_json(src / "state.json")
+    if (ema is None) != (meta.get("ema_updates") is None):
+        raise SeqrecError(f"{src.parent}: train.ema differs from the run being resumed; resume with its config")
     device = next(model.parameters()).device
     load_model(model, str(src / "model.safetensors"), device=str(device))
+    if ema is not None:
+        load_model(ema.model, str(src / "ema.safetensors"), device=str(device))
+        ema.updates = int(meta["ema_updates"])
     flat = load_file(str(src / "optimizer.safetensors"))
     per_param: dict[int, dict[str, Any]] = {}
     for key, value in flat.items():
