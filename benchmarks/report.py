@@ -49,7 +49,9 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
     lines = ["## SASRec quality against the strongest published numbers", "",
              "Leave-one-out, full ranking over all items, max length 50, chosen on validation NDCG@10, "
              "seen items not filtered. `refit`: the tested model was trained again from scratch on training + "
-             "validation events for the validation-chosen number of epochs (`train.refit`). The `seen filtered` "
+             "validation events for the validation-chosen number of epochs (`train.refit`). `weight avg`: the decay "
+             "of the running average of the weights that was validated and tested (`train.ema`; blank = off). "
+             "The `seen filtered` "
              "columns rank the same model's test users with already-seen items removed: the Amazon P5 builds "
              "hold no repeated item, so that filter only removes wrong answers, and RecTools (which the eSASRec "
              "benchmark uses) can filter viewed items when it recommends; which protocol the published "
@@ -64,17 +66,18 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
              "validation would choose among them: that row, not the best test row, is the fair comparison with "
              "a published number. "
              "Script: `benchmarks/sasrec_quality.py`; files: `results/sasrec_quality*.json`.", "",
-             "| run | history bias | refit | valid N@10 | picked | R@10 | N@10 | R@50 | N@50 | published R@10 / N@10 "
+             "| run | history bias | refit | weight avg | valid N@10 | picked | R@10 | N@10 | R@50 | N@50 | published R@10 / N@10 "
              "| meets | seen filtered R@10 | seen filtered N@10 | meets (seen filtered) | best epoch | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1]))):  # stable otherwise
         t, pub, sf = r["test"], r["published"], r.get("test_seen_filtered", {})
         refit = "yes" if r["protocol"].get("refit") else "no"
+        ema = r["config"]["train"].get("ema") or ""
         hist = _history_bias(r)
         picked = "yes" if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], hist)] else ""
         # the UniSRec paper states its protocol (seen items not filtered): no filtered comparison there
         meets_filtered = "n/a" if r["dataset"] in PROTOCOL_STATED_UNFILTERED else meets(sf, pub)
-        lines.append(f"| {key} | {'yes' if hist else ''} | {refit} | {f4(r['valid']['ndcg@10'])} | {picked} | "
+        lines.append(f"| {key} | {'yes' if hist else ''} | {refit} | {ema} | {f4(r['valid']['ndcg@10'])} | {picked} | "
                      f"{f4(t['recall@10'])} | {f4(t['ndcg@10'])} | {f4(t['recall@50'])} | "
                      f"{f4(t['ndcg@50'])} | {f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))} "
                      f"({pub.get('source', '')}) | {meets(t, pub)} | {f4(sf.get('recall@10'))} | "
