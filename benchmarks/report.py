@@ -66,8 +66,9 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
              "validation would choose among them: that row, not the best test row, is the fair comparison with "
              "a published number. "
              "Script: `benchmarks/sasrec_quality.py`; files: `results/sasrec_quality*.json`.", "",
-             "| run | history bias | refit | weight avg | valid N@10 | picked | R@10 | N@10 | R@50 | N@50 | published R@10 / N@10 "
-             "| meets | seen filtered R@10 | seen filtered N@10 | meets (seen filtered) | best epoch | train s |",
+             "| run | history bias | refit | weight avg | valid N@10 | picked | R@10 | N@10 | R@50 | N@50 "
+             "| published R@10 / N@10 | meets | seen filtered R@10 | seen filtered N@10 | meets (seen filtered) "
+             "| best epoch | train s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1]))):  # stable otherwise
         t, pub, sf = r["test"], r["published"], r.get("test_seen_filtered", {})

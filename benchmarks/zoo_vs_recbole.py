@@ -88,7 +88,8 @@ def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float | None
     proc = timed(cmd, run_dir.with_suffix(".log"))
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"process": proc, "result": json.loads((run_dir / "results.json").read_text()), "epochs": epochs,
-            "config": str(CONFIGS[model].relative_to(ROOT)), "overrides": sets}
+            "config": str(CONFIGS[model].relative_to(ROOT)), "overrides": sets,
+            "resolved_config": json.loads((run_dir / "config.json").read_text())}
 
 
 def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float, budget: float | None) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float, budg
             "mean_train_epoch_s": sum(e["train_s"] for e in sq["epochs"]) / max(1, len(sq["epochs"])),
             "time_to_reach_recbole_best_s": time_to_reach(sq["epochs"], rb_best),
             "self_peak_rss_mb": res["peak_rss_mb"], "test": res["test"], "config": sq["config"],
-            "overrides": sq["overrides"],
+            "overrides": sq["overrides"], "resolved_config": sq["resolved_config"],
             "protocol": res.get("protocol")}
 
 

@@ -22,8 +22,8 @@ from seqrec.models.base import SequentialModel
 
 
 class WeightAverage:
-    def __init__(self, model: SequentialModel, decay: float, updates: int = 0) -> None:
-        self.decay, self.updates = decay, updates
+    def __init__(self, model: SequentialModel, decay: float) -> None:
+        self.decay, self.updates = decay, 0
         self.model = copy.deepcopy(model).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
