@@ -149,9 +149,10 @@ def main() -> None:
     p.add_argument("--seqrec-seeds", default=str(RECBOLE_ONLY["seed"]),
                    help="comma-separated seeds: seqrec runs once per seed (RecBole once, seed 2020); the report "
                         "shows each and the median test metrics")
-    p.add_argument("--reuse-recbole", action="store_true",
+    p.add_argument("--reuse-recbole", nargs="?", const="", default=None, metavar="KEY",
                    help="reuse the RecBole run already in --out for a model when its epoch cap is the same "
-                        "(marked `reused` in the file) instead of running it again")
+                        "(marked `reused` in the file) instead of running it again; KEY: the row whose RecBole "
+                        "run to reuse (default: the model's own row, e.g. GRU4Rec)")
     p.add_argument("--seqrec-budget", type=float, default=None,
                    help="seqrec's training-time budget per run, seconds (default: the config's; recorded in each "
                         "run's config)")
@@ -164,7 +165,8 @@ def main() -> None:
     for spec in args.recbole_epochs:
         model, _, cap = spec.partition("=")
         row = compare(model, int(cap), args.recbole_python, [int(x) for x in args.seqrec_seeds.split(",")],
-                      args.seqrec_set, table.get(model) if args.reuse_recbole else None, args.tag,
+                      args.seqrec_set, None if args.reuse_recbole is None else table[args.reuse_recbole or model],
+                      args.tag,
                       args.seqrec_budget)
         row["command"] = " ".join(["python", "benchmarks/zoo_vs_recbole.py", *sys.argv[1:]])
         row["machine"] = machine()
