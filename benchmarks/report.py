@@ -262,7 +262,9 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
               "context, as each of RecBole's one-prefix samples does; `-long` rows also raise seqrec's patience "
               "(`train.patience`, 20 for GRU4Rec, 30 for BERT4Rec) and its training-time budget, both recorded; "
               "`-config` rows run seqrec from `configs/ml-100k-MODEL.toml` as shipped (the `-stride10-long` recipe) "
-              "and RecBole with arguments derived from that file (`config` in each run). "
+              "and RecBole with arguments derived from that file (`config` and `resolved_config` in each run); the "
+              "other rows come from the script's earlier form, which passed every seqrec setting as an override "
+              "(all recorded in `overrides`). "
               "seqrec runs once per seed, RecBole once "
               "(seed 2020). A RecBole row marked reused is the RecBole run of an earlier invocation with the same "
               "hyper-parameters and cap (`--reuse-recbole`, its command recorded as `reused_from`), on this machine."]

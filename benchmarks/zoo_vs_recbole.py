@@ -63,8 +63,6 @@ def recbole_hp(model: str, cfg: RunConfig) -> list[str]:
             "--model-set", f"ft_ratio={m.last_mask_share}"]
 
 
-
-
 def run_recbole(model: str, out: Path, epochs: int, python: Path, cfg: RunConfig) -> dict[str, Any]:
     cmd = [str(python), "benchmarks/recbole_run.py", "--out", str(out), "--model", model,
            "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--epochs", str(epochs), *recbole_hp(model, cfg)]
