@@ -36,7 +36,8 @@ from speed_vs_recbole import RECBOLE_PY, reach_stat, time_to_reach, timed
 from seqrec.config import RunConfig, load_toml, resolve
 
 CONFIGS = {"GRU4Rec": ROOT / "configs" / "ml-100k-gru4rec.toml", "BERT4Rec": ROOT / "configs" / "ml-100k-bert4rec.toml"}
-RECBOLE_ONLY = {"seed": 2020, "threads": 1, "stopping_step": 10, "train_batch_size": 256}
+# what the configs do not carry: RecBole's seed, early stopping and batch size, and one thread for both libraries
+FIXED = {"seed": 2020, "threads": 1, "stopping_step": 10, "train_batch_size": 256}
 
 
 def seqrec_config(model: str, extra: list[str]) -> RunConfig:
@@ -49,9 +50,9 @@ def recbole_hp(model: str, cfg: RunConfig) -> list[str]:
     m, t = cfg.model, cfg.train
     if getattr(m, "loss", None) != "ce" or getattr(m, "history_bias", False):
         raise SystemExit(f"{model}: RecBole trains plain full-softmax CE; the seqrec side must too")
-    common = ["--lr", str(t.lr), "--max-len", str(cfg.data.max_len), "--seed", str(RECBOLE_ONLY["seed"]),
-              "--threads", str(RECBOLE_ONLY["threads"]), "--stopping-step", str(RECBOLE_ONLY["stopping_step"]),
-              "--train-batch-size", str(RECBOLE_ONLY["train_batch_size"])]
+    common = ["--lr", str(t.lr), "--max-len", str(cfg.data.max_len), "--seed", str(FIXED["seed"]),
+              "--threads", str(FIXED["threads"]), "--stopping-step", str(FIXED["stopping_step"]),
+              "--train-batch-size", str(FIXED["train_batch_size"])]
     if model == "GRU4Rec":
         return [*common, "--hidden-size", str(m.d), "--model-set", f"embedding_size={m.d}",
                 "--model-set", f"num_layers={m.n_layers}", "--model-set", f"dropout_prob={m.dropout}"]
@@ -78,7 +79,7 @@ def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float | None
     data_dir = WORK / "prepared" / "ml-100k-recbole-files"
     if not (data_dir / "meta.json").is_file():
         prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
-    sets = [f'data.dataset="{data_dir}"', f"train.threads={RECBOLE_ONLY['threads']}", "train.progress=false",
+    sets = [f'data.dataset="{data_dir}"', f"train.threads={FIXED['threads']}", "train.progress=false",
             "eval.ks=[10, 50]", *([f"train.time_budget_s={budget}"] if budget is not None else []), *extra]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--config", str(CONFIGS[model]), "--out", str(run_dir)]
     for s in sets:
@@ -144,7 +145,7 @@ def main() -> None:
     p.add_argument("--recbole-epochs", nargs="+", default=["GRU4Rec=5", "BERT4Rec=3"], metavar="MODEL=N",
                    help="models to compare and RecBole's epoch cap for each")
     p.add_argument("--recbole-python", type=Path, default=RECBOLE_PY)
-    p.add_argument("--seqrec-seeds", default=str(RECBOLE_ONLY["seed"]),
+    p.add_argument("--seqrec-seeds", default=str(FIXED["seed"]),
                    help="comma-separated seeds: seqrec runs once per seed (RecBole once, seed 2020); the report "
                         "shows each and the median test metrics")
     p.add_argument("--reuse-recbole", nargs="?", const="", default=None, metavar="KEY",

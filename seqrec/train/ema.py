@@ -34,9 +34,8 @@ class WeightAverage:
 
     @torch.no_grad()
     def update(self, model: SequentialModel) -> None:
-        avg: list[torch.Tensor] = [p for p in self.model.parameters() if p.is_floating_point()]
-        raw: list[torch.Tensor] = [p.detach() for p in model.parameters() if p.is_floating_point()]
-        torch._foreach_lerp_(avg, raw, 1.0 - self.rate())
+        avg: list[torch.Tensor] = list(self.model.parameters())
+        torch._foreach_lerp_(avg, [p.detach() for p in model.parameters()], 1.0 - self.rate())
         for mine, theirs in zip(self.model.buffers(), model.buffers(), strict=True):
             mine.copy_(theirs)
         self.updates += 1
