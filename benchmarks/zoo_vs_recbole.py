@@ -45,12 +45,12 @@ def seqrec_config(model: str, extra: list[str]) -> RunConfig:
     return resolve(load_toml(CONFIGS[model]), extra)
 
 
-def recbole_hp(model: str, cfg: RunConfig) -> list[str]:
+def recbole_hp(model: str, cfg: RunConfig, seed: int = FIXED["seed"]) -> list[str]:
     """RecBole's arguments for the settings of the seqrec config `cfg`, so the two cannot drift apart."""
     m, t = cfg.model, cfg.train
     if getattr(m, "loss", None) != "ce" or getattr(m, "history_bias", False):
         raise SystemExit(f"{model}: RecBole trains plain full-softmax CE; the seqrec side must too")
-    common = ["--lr", str(t.lr), "--max-len", str(cfg.data.max_len), "--seed", str(FIXED["seed"]),
+    common = ["--lr", str(t.lr), "--max-len", str(cfg.data.max_len), "--seed", str(seed),
               "--threads", str(FIXED["threads"]), "--stopping-step", str(FIXED["stopping_step"]),
               "--train-batch-size", str(FIXED["train_batch_size"])]
     if model == "GRU4Rec":
@@ -64,11 +64,21 @@ def recbole_hp(model: str, cfg: RunConfig) -> list[str]:
             "--model-set", f"ft_ratio={m.last_mask_share}"]
 
 
-def run_recbole(model: str, out: Path, epochs: int, python: Path, cfg: RunConfig) -> dict[str, Any]:
+def run_recbole(model: str, out: Path, epochs: int, python: Path, cfg: RunConfig, seed: int) -> dict[str, Any]:
+    """One RecBole run, summarised as a result row (test metrics, its best validation NDCG@10 and when)."""
     cmd = [str(python), "benchmarks/recbole_run.py", "--out", str(out), "--model", model,
-           "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--epochs", str(epochs), *recbole_hp(model, cfg)]
+           "--data-dir", str(SHARED_DATA / "ml-100k" / "recbole"), "--epochs", str(epochs),
+           *recbole_hp(model, cfg, seed)]
     proc = timed(cmd, out.with_suffix(".log"))
-    return {"process": proc, "result": json.loads(out.read_text())}
+    result = json.loads(out.read_text())
+    epochs_seen = result["epochs"]
+    best = max(e["valid_ndcg@10"] for e in epochs_seen)
+    return {**proc, "seed": seed, "epoch_cap": epochs, "epochs_run": len(epochs_seen), "best_valid_ndcg@10": best,
+            "time_to_best_s": min(e["elapsed_s"] for e in epochs_seen if e["valid_ndcg@10"] >= best),
+            "mean_train_epoch_s": result.get("time_s", {}).get("mean_train_epoch"),
+            "self_peak_rss_mb": result.get("memory", {}).get("peak_rss_mib"),
+            "test": result.get("test"), "hyperparameters": result.get("hyperparameters"),
+            "protocol": result.get("protocol")}
 
 
 def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float | None) -> dict[str, Any]:
@@ -103,40 +113,49 @@ def seqrec_row(model: str, run_dir: Path, extra: list[str], rb_best: float, budg
             "protocol": res.get("protocol")}
 
 
+def median_test(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The seeds and their median test metrics."""
+    tests = [r["test"] for r in rows.values()]
+    return {"seeds": list(rows), "test": {k: statistics.median(t[k] for t in tests) for k in tests[0]}}
+
+
 def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Median test metrics over the seqrec seeds, and how many reached RecBole's best validation NDCG@10."""
-    tests = [r["test"] for r in rows.values()]
     reach = [r["time_to_reach_recbole_best_s"] for r in rows.values()]
-    return {"seeds": list(rows), "test": {k: statistics.median(t[k] for t in tests) for k in tests[0]},
-            "reached_recbole_best": sum(x is not None for x in reach),
+    return {**median_test(rows), "reached_recbole_best": sum(x is not None for x in reach),
             "median_time_to_reach_recbole_best_s": reach_stat(reach)}
 
 
 def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
-            earlier: dict[str, Any] | None = None, tag: str = "", budget: float | None = None) -> dict[str, Any]:
-    """RecBole once, then seqrec once per seed. `earlier`: a previous row of this model whose RecBole run
-    (same cap) is reused instead of run again, marked `reused` with the command that produced it."""
+            earlier: dict[str, Any] | None = None, tag: str = "", budget: float | None = None,
+            recbole_seeds: tuple[int, ...] = ()) -> dict[str, Any]:
+    """RecBole once (seed 2020: the time reference), then seqrec once per seed. `earlier`: a previous row of
+    this model whose RecBole runs (same cap) are reused instead of run again, marked `reused` with the command
+    that produced them. `recbole_seeds`: more RecBole runs, for the spread of its test metrics."""
     out_dir = WORK / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
-    if earlier is not None and earlier["recbole"]["epoch_cap"] == cap:
-        rb_row = {**earlier["recbole"], "reused": True,
-                  "reused_from": earlier["recbole"].get("reused_from", earlier.get("command"))}
-        rb_best, protocol = rb_row["best_valid_ndcg@10"], earlier.get("protocol")
+    cfg = seqrec_config(model, extra)
+    reusable = earlier if earlier is not None and earlier["recbole"]["epoch_cap"] == cap else None
+    if reusable is not None:
+        rb_row = {**reusable["recbole"], "reused": True,
+                  "reused_from": reusable["recbole"].get("reused_from", reusable.get("command"))}
+        protocol = reusable.get("protocol")
     else:
-        rb = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python, seqrec_config(model, extra))
-        rb_epochs = rb["result"]["epochs"]
-        rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
-        rb_row = {**rb["process"], "epoch_cap": cap, "epochs_run": len(rb_epochs), "best_valid_ndcg@10": rb_best,
-                  "time_to_best_s": min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best),
-                  "mean_train_epoch_s": rb["result"].get("time_s", {}).get("mean_train_epoch"),
-                  "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
-                  "test": rb["result"].get("test"), "hyperparameters": rb["result"].get("hyperparameters")}
-        protocol = rb["result"].get("protocol")
+        rb_row = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python, cfg, FIXED["seed"])
+        protocol = rb_row["protocol"]
+    rb_seeds = {str(FIXED["seed"]): rb_row}
+    for seed in (s for s in recbole_seeds if str(s) not in rb_seeds):
+        done = (reusable or {}).get("recbole_seeds", {}).get(str(seed))
+        rb_seeds[str(seed)] = (
+            {**done, "reused": True, "reused_from": done.get("reused_from", (reusable or {}).get("command"))}
+            if done else run_recbole(model, out_dir / f"recbole-{model.lower()}-seed{seed}.json", cap, python, cfg,
+                                     seed))
+    rb_best = rb_row["best_valid_ndcg@10"]
     sq_rows = {str(seed): seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
                                      [*extra, f"train.seed={seed}"], rb_best, budget) for seed in seeds}
     first = sq_rows[str(seeds[0])]
-    return {"model": model, "recbole": rb_row, "seqrec": first, "seqrec_seeds": sq_rows,
-            "seqrec_over_seeds": median_over_seeds(sq_rows),
+    return {"model": model, "recbole": rb_row, "recbole_seeds": rb_seeds, "recbole_over_seeds": median_test(rb_seeds),
+            "seqrec": first, "seqrec_seeds": sq_rows, "seqrec_over_seeds": median_over_seeds(sq_rows),
             "protocol": protocol, "seqrec_protocol": first.get("protocol")}
 
 
@@ -148,6 +167,9 @@ def main() -> None:
     p.add_argument("--seqrec-seeds", default=str(FIXED["seed"]),
                    help="comma-separated seeds: seqrec runs once per seed (RecBole once, seed 2020); the report "
                         "shows each and the median test metrics")
+    p.add_argument("--recbole-seeds", default="",
+                   help="comma-separated seeds of more RecBole runs (besides seed 2020, the time reference): the "
+                        "report shows each and RecBole's median test metrics")
     p.add_argument("--reuse-recbole", nargs="?", const="", default=None, metavar="KEY",
                    help="reuse the RecBole run already in --out for a model when its epoch cap is the same "
                         "(marked `reused` in the file) instead of running it again; KEY: the row whose RecBole "
@@ -165,8 +187,8 @@ def main() -> None:
         model, _, cap = spec.partition("=")
         row = compare(model, int(cap), args.recbole_python, [int(x) for x in args.seqrec_seeds.split(",")],
                       args.seqrec_set, None if args.reuse_recbole is None else table[args.reuse_recbole or model],
-                      args.tag,
-                      args.seqrec_budget)
+                      args.tag, args.seqrec_budget,
+                      tuple(int(x) for x in args.recbole_seeds.split(",") if x))
         row["command"] = " ".join(["python", "benchmarks/zoo_vs_recbole.py", *sys.argv[1:]])
         row["machine"] = machine()
         table = json.loads(args.out.read_text()) if args.out.exists() else {}  # runs may go side by side
