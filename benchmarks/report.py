@@ -236,7 +236,8 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
         rb_seeds = row.get("recbole_seeds") or {"": row["recbole"]}
         libs = [(("recbole" + (f" seed {k}" if len(rb_seeds) > 1 else "")
                   + (" (earlier run, reused)" if r.get("reused") else "")), r, True) for k, r in rb_seeds.items()]
-        libs += [(f"seqrec seed {k}" if k else "seqrec", r, False) for k, r in seeds.items()]
+        libs += [((f"seqrec seed {k}" if k else "seqrec") + (" (earlier run, reused)" if r.get("reused") else ""),
+                  r, False) for k, r in seeds.items()]
         for lib, r, is_rb in libs:
             t = r.get("test") or {}
             epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if is_rb else f"{r['epochs_run']}"
@@ -274,8 +275,9 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
               "(all recorded in `overrides`). "
               "seqrec runs once per seed; RecBole runs at seed 2020, and at more seeds where the table lists them "
               "(`--recbole-seeds`); \"time to RecBole's best\" is always to the best of its seed-2020 run. "
-              "A RecBole row marked reused is the RecBole run of an earlier invocation with the same "
-              "hyper-parameters and cap (`--reuse-recbole`, its command recorded as `reused_from`), on this machine."]
+              "A row marked reused is the run of an earlier invocation with the same hyper-parameters (and, for "
+              "RecBole, cap) on this machine (`--reuse-recbole`, and `--reuse-seqrec` for seqrec runs; its command "
+              "recorded as `reused_from`)."]
     return lines
 
 

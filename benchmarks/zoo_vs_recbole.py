@@ -126,12 +126,21 @@ def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "median_time_to_reach_recbole_best_s": reach_stat(reach)}
 
 
+def reused(earlier: dict[str, Any] | None, runs: str, seed: int) -> dict[str, Any] | None:
+    """The run of `seed` in `earlier[runs]`, marked reused with the command that produced it; None if absent."""
+    done = (earlier or {}).get(runs, {}).get(str(seed))
+    if not done:
+        return None
+    return {**done, "reused": True, "reused_from": done.get("reused_from", (earlier or {}).get("command"))}
+
+
 def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
             earlier: dict[str, Any] | None = None, tag: str = "", budget: float | None = None,
-            recbole_seeds: tuple[int, ...] = ()) -> dict[str, Any]:
+            recbole_seeds: tuple[int, ...] = (), reuse_seqrec: bool = False) -> dict[str, Any]:
     """RecBole once (seed 2020: the time reference), then seqrec once per seed. `earlier`: a previous row of
-    this model whose RecBole runs (same cap) are reused instead of run again, marked `reused` with the command
-    that produced them. `recbole_seeds`: more RecBole runs, for the spread of its test metrics."""
+    this model whose RecBole runs (same cap), and with `reuse_seqrec` its seqrec runs of the same seeds, are
+    reused instead of run again, marked `reused` with the command that produced them. `recbole_seeds`: more
+    RecBole runs, for the spread of its test metrics."""
     out_dir = WORK / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = seqrec_config(model, extra)
@@ -145,14 +154,13 @@ def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[st
         protocol = rb_row["protocol"]
     rb_seeds = {str(FIXED["seed"]): rb_row}
     for seed in (s for s in recbole_seeds if str(s) not in rb_seeds):
-        done = (reusable or {}).get("recbole_seeds", {}).get(str(seed))
-        rb_seeds[str(seed)] = (
-            {**done, "reused": True, "reused_from": done.get("reused_from", (reusable or {}).get("command"))}
-            if done else run_recbole(model, out_dir / f"recbole-{model.lower()}-seed{seed}.json", cap, python, cfg,
-                                     seed))
+        done = reused(reusable, "recbole_seeds", seed)
+        rb_seeds[str(seed)] = done or run_recbole(model, out_dir / f"recbole-{model.lower()}-seed{seed}.json", cap,
+                                                  python, cfg, seed)
     rb_best = rb_row["best_valid_ndcg@10"]
-    sq_rows = {str(seed): seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
-                                     [*extra, f"train.seed={seed}"], rb_best, budget) for seed in seeds}
+    sq_rows = {str(seed): (reuse_seqrec and reused(reusable, "seqrec_seeds", seed))
+               or seqrec_row(model, out_dir / f"seqrec-{model.lower()}{tag}-seed{seed}",
+                             [*extra, f"train.seed={seed}"], rb_best, budget) for seed in seeds}
     first = sq_rows[str(seeds[0])]
     return {"model": model, "recbole": rb_row, "recbole_seeds": rb_seeds, "recbole_over_seeds": median_test(rb_seeds),
             "seqrec": first, "seqrec_seeds": sq_rows, "seqrec_over_seeds": median_over_seeds(sq_rows),
@@ -174,6 +182,8 @@ def main() -> None:
                    help="reuse the RecBole run already in --out for a model when its epoch cap is the same "
                         "(marked `reused` in the file) instead of running it again; KEY: the row whose RecBole "
                         "run to reuse (default: the model's own row, e.g. GRU4Rec)")
+    p.add_argument("--reuse-seqrec", action="store_true",
+                   help="with --reuse-recbole: also reuse that row's seqrec runs of the same seeds (marked `reused`)")
     p.add_argument("--seqrec-budget", type=float, default=None,
                    help="seqrec's training-time budget per run, seconds (default: the config's; recorded in each "
                         "run's config)")
@@ -188,7 +198,7 @@ def main() -> None:
         row = compare(model, int(cap), args.recbole_python, [int(x) for x in args.seqrec_seeds.split(",")],
                       args.seqrec_set, None if args.reuse_recbole is None else table[args.reuse_recbole or model],
                       args.tag, args.seqrec_budget,
-                      tuple(int(x) for x in args.recbole_seeds.split(",") if x))
+                      tuple(int(x) for x in args.recbole_seeds.split(",") if x), args.reuse_seqrec)
         row["command"] = " ".join(["python", "benchmarks/zoo_vs_recbole.py", *sys.argv[1:]])
         row["machine"] = machine()
         table = json.loads(args.out.read_text()) if args.out.exists() else {}  # runs may go side by side
