@@ -8,6 +8,7 @@ No number on that page is typed by hand: each table below reads one results file
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +87,13 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
                      f"{f4(t['ndcg@50'])} | {f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))} "
                      f"({pub.get('source', '')}) | {meets(t, pub)} | {f4(sf.get('recall@10'))} | "
                      f"{f4(sf.get('ndcg@10'))} | {meets_filtered} | {r['best_epoch']} | {r['train_seconds']:.0f} |")
+    lines += ["", "The picked runs, each reproduced by (`--tag` names the run; the base settings are "
+              "`benchmarks/configs/sasrec-DATASET.toml`, and each run's file holds its full resolved config):", ""]
+    for key, r in sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1]))):
+        if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], _history_bias(r))]:
+            words = ["python", "benchmarks/sasrec_quality.py", r["dataset"],
+                     *(f"--set {shlex.quote(o)}" for o in r["overrides"]), f"--tag={key.removeprefix(r['dataset'])}"]
+            lines.append(f"- `{key}`: `{' '.join(words)}`")
     return lines
 
 
