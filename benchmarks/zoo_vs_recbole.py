@@ -126,12 +126,15 @@ def median_over_seeds(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "median_time_to_reach_recbole_best_s": reach_stat(reach)}
 
 
+def mark_reused(run: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """`run`, from the row `earlier`, marked reused with the command that first produced it."""
+    return {**run, "reused": True, "reused_from": run.get("reused_from", earlier.get("command"))}
+
+
 def reused(earlier: dict[str, Any] | None, runs: str, seed: int) -> dict[str, Any] | None:
-    """The run of `seed` in `earlier[runs]`, marked reused with the command that produced it; None if absent."""
+    """The run of `seed` in `earlier[runs]`, marked reused; None if absent."""
     done = (earlier or {}).get(runs, {}).get(str(seed))
-    if not done:
-        return None
-    return {**done, "reused": True, "reused_from": done.get("reused_from", (earlier or {}).get("command"))}
+    return mark_reused(done, earlier) if done and earlier else None
 
 
 def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[str],
@@ -146,8 +149,7 @@ def compare(model: str, cap: int, python: Path, seeds: list[int], extra: list[st
     cfg = seqrec_config(model, extra)
     reusable = earlier if earlier is not None and earlier["recbole"]["epoch_cap"] == cap else None
     if reusable is not None:
-        rb_row = {**reusable["recbole"], "reused": True,
-                  "reused_from": reusable["recbole"].get("reused_from", reusable.get("command"))}
+        rb_row = mark_reused(reusable["recbole"], reusable)
         protocol = reusable.get("protocol")
     else:
         rb_row = run_recbole(model, out_dir / f"recbole-{model.lower()}.json", cap, python, cfg, FIXED["seed"])
