@@ -12,7 +12,9 @@ peak RSS and the time at which seqrec's validation NDCG@10 first reaches RecBole
 
 RecBole trains on one prefix per sample and is slow on this CPU, so its epochs are
 capped (--recbole-epochs, recorded in the file); its "best" is the best within the
-cap, with RecBole's early stopping at 10 evaluations. seqrec runs to the config's
+cap, with RecBole's early stopping at 10 evaluations. RecBole runs at seed 2020, the
+reference for the time to its best; --recbole-seeds adds runs at other seeds for the
+spread of its test metrics. seqrec runs to the config's
 early stopping or training-time budget (--seqrec-budget overrides it; recorded in
 each run's config). A seqrec sample is a window of up to 50 targets, a RecBole
 sample one prefix, so batch sizes are not comparable units.
@@ -175,8 +177,8 @@ def main() -> None:
                    help="models to compare and RecBole's epoch cap for each")
     p.add_argument("--recbole-python", type=Path, default=RECBOLE_PY)
     p.add_argument("--seqrec-seeds", default=str(FIXED["seed"]),
-                   help="comma-separated seeds: seqrec runs once per seed (RecBole once, seed 2020); the report "
-                        "shows each and the median test metrics")
+                   help="comma-separated seeds: seqrec runs once per seed (RecBole at seed 2020, see "
+                        "--recbole-seeds); the report shows each and the median test metrics")
     p.add_argument("--recbole-seeds", default="",
                    help="comma-separated seeds of more RecBole runs (besides seed 2020, the time reference): the "
                         "report shows each and RecBole's median test metrics")
