@@ -74,12 +74,14 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
              "| published R@10 / N@10 | meets | seen filtered R@10 | seen filtered N@10 | meets (seen filtered) "
              "| best epoch | train s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, r in sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1]))):  # stable otherwise
+    rows = sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1])))  # stable otherwise
+    picked_keys = {key for key, r in rows if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], _history_bias(r))]}
+    for key, r in rows:
         t, pub, sf = r["test"], r["published"], r.get("test_seen_filtered", {})
         refit = "yes" if r["protocol"].get("refit") else "no"
         ema = r["config"]["train"].get("ema") or ""
         hist = _history_bias(r)
-        picked = "yes" if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], hist)] else ""
+        picked = "yes" if key in picked_keys else ""
         # the UniSRec paper states its protocol (seen items not filtered): no filtered comparison there
         meets_filtered = "n/a" if r["dataset"] in PROTOCOL_STATED_UNFILTERED else meets(sf, pub)
         lines.append(f"| {key} | {'yes' if hist else ''} | {refit} | {ema} | {f4(r['valid']['ndcg@10'])} | {picked} | "
@@ -89,8 +91,8 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
                      f"{f4(sf.get('ndcg@10'))} | {meets_filtered} | {r['best_epoch']} | {r['train_seconds']:.0f} |")
     lines += ["", "The picked runs, each reproduced by (`--tag` names the run; the base settings are "
               "`benchmarks/configs/sasrec-DATASET.toml`, and each run's file holds its full resolved config):", ""]
-    for key, r in sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1]))):
-        if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], _history_bias(r))]:
+    for key, r in rows:
+        if key in picked_keys:
             words = ["python", "benchmarks/sasrec_quality.py", r["dataset"],
                      *(f"--set {shlex.quote(o)}" for o in r["overrides"]), f"--tag={key.removeprefix(r['dataset'])}"]
             lines.append(f"- `{key}`: `{' '.join(words)}`")
@@ -234,6 +236,17 @@ def losses(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _run_label(library: str, seed: str, r: dict[str, Any]) -> str:
+    return library + (f" seed {seed}" if seed else "") + (" (earlier run, reused)" if r.get("reused") else "")
+
+
+def _median_row(model: str, library: str, over: dict[str, Any], reach_cell: str) -> str:
+    t = over["test"]
+    return "| " + " | ".join([model, f"{library}, median of {len(over['seeds'])} seeds", "–", "–", f4(t["recall@10"]),
+                              f4(t["ndcg@10"]), f4(t["recall@50"]), f4(t["ndcg@50"]), "–", "–", "–",
+                              reach_cell]) + " |"
+
+
 def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
     lines = ["## GRU4Rec and BERT4Rec: seqrec vs RecBole 1.2.1 on ml-100k (same machine, same files)", "",
              "Script: `benchmarks/zoo_vs_recbole.py`; file: `results/zoo_vs_recbole.json` (hyper-parameters, "
@@ -245,10 +258,8 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
     for model, row in d.items():
         seeds = row.get("seqrec_seeds") or {"": row["seqrec"]}
         rb_seeds = row.get("recbole_seeds") or {"": row["recbole"]}
-        libs = [(("recbole" + (f" seed {k}" if len(rb_seeds) > 1 else "")
-                  + (" (earlier run, reused)" if r.get("reused") else "")), r, True) for k, r in rb_seeds.items()]
-        libs += [((f"seqrec seed {k}" if k else "seqrec") + (" (earlier run, reused)" if r.get("reused") else ""),
-                  r, False) for k, r in seeds.items()]
+        libs = [(_run_label("recbole", k if len(rb_seeds) > 1 else "", r), r, True) for k, r in rb_seeds.items()]
+        libs += [(_run_label("seqrec", k, r), r, False) for k, r in seeds.items()]
         for lib, r, is_rb in libs:
             t = r.get("test") or {}
             epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if is_rb else f"{r['epochs_run']}"
@@ -262,18 +273,12 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
                 "not reached" if reach is None else f"{reach:.0f} s"]) + " |")
         rb_over = row.get("recbole_over_seeds")
         if rb_over and len(rb_over["seeds"]) > 1:
-            t = rb_over["test"]
-            lines.append("| " + " | ".join([
-                model, f"recbole, median of {len(rb_over['seeds'])} seeds", "–", "–", f4(t["recall@10"]),
-                f4(t["ndcg@10"]), f4(t["recall@50"]), f4(t["ndcg@50"]), "–", "–", "–", "–"]) + " |")
+            lines.append(_median_row(model, "recbole", rb_over, "–"))
         over = row.get("seqrec_over_seeds")
         if over and len(over["seeds"]) > 1:
-            t, reach = over["test"], over["median_time_to_reach_recbole_best_s"]
-            lines.append("| " + " | ".join([
-                model, f"seqrec, median of {len(over['seeds'])} seeds", "–", "–", f4(t["recall@10"]),
-                f4(t["ndcg@10"]), f4(t["recall@50"]), f4(t["ndcg@50"]), "–", "–", "–",
-                f"{over['reached_recbole_best']} of {len(over['seeds'])} reach it; median "
-                + ("never" if reach is None else f"{reach:.0f} s")]) + " |")
+            reach = over["median_time_to_reach_recbole_best_s"]
+            lines.append(_median_row(model, "seqrec", over, f"{over['reached_recbole_best']} of {len(over['seeds'])} "
+                                     "reach it; median " + ("never" if reach is None else f"{reach:.0f} s")))
     lines += ["", "seqrec overrides beyond the shared hyper-parameters are recorded per run in the file (`overrides`); "
               "`-hist` rows add seqrec's learned history bias (`model.history_bias`), which RecBole's models do not "
               "have; `-stride10` rows train on overlapping windows that take the loss on their last 10 targets, their "
