@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seqrec.cli_serve import add_commands as add_serve_commands
 from seqrec.cli_unisrec import add_commands as add_unisrec_commands
 from seqrec.errors import SeqrecError
 
@@ -240,13 +241,16 @@ def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, d
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
-    rec = Recommender.from_run(args.run)
+    index = args.index or ("hnsw" if args.ann else "exact")
+    if args.n_probe is not None and index != "ivf":
+        raise SeqrecError("--n-probe needs --index ivf")
+    options = {} if args.n_probe is None else {"n_probe": args.n_probe}
+    rec = Recommender.from_run(args.run, index=index, **options)
     if args.new_item:
+        bad = [item for item in args.new_item if "=" not in item]
+        if bad:
+            raise SeqrecError(f"--new-item takes ID=TEXT, got {bad[0]!r}")
         rec.add_items(dict(item.split("=", 1) for item in args.new_item))
-    if args.ann:
-        rec.use_index(n_probe=args.n_probe)
-    elif args.n_probe is not None:
-        raise SeqrecError("--n-probe needs --ann")
     if (args.history is None) == (args.user is None):
         raise SeqrecError("give exactly one of --history or --user")
     if args.user is not None:
@@ -329,12 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--new-item", action="append", metavar="ID=TEXT",
                    help="an item unseen in training, known by its text (text models such as unisrec)")
     r.add_argument("--candidates", help="rank only these raw item ids")
-    r.add_argument("--ann", action="store_true", help="approximate top-k from an IVF index of the item vectors")
-    r.add_argument("--n-probe", type=int, help="with --ann: lists opened per query (default: an eighth)")
+    r.add_argument("--index", choices=["exact", "hnsw", "ivf"],
+                   help="how top-k is retrieved: exact (default), or a FAISS HNSW / IVF index of the item vectors")
+    r.add_argument("--ann", action="store_true", help="the same as --index hnsw")
+    r.add_argument("--n-probe", type=int, help="with --index ivf: lists opened per query")
     r.add_argument("--times", help="timestamps (seconds) of the --history items, for time features (gap, hour); "
                    "without them those features are missing")
     r.set_defaults(fn=cmd_recommend)
     add_unisrec_commands(sub)
+    add_serve_commands(sub)
     return p
 
 

@@ -263,8 +263,16 @@ def _encode(encoder: TextEncoder, texts: list[str], missing: np.ndarray, options
     return torch.cat([torch.zeros(1, vecs.shape[1]), torch.from_numpy(vecs)])
 
 
-def encode_texts(texts: Sequence[str], options: TextOptions = TextOptions(), progress: bool = False) -> torch.Tensor:
-    """(n, D) vectors of new item texts (not cached), with the same encoder settings as a dataset's."""
+def encode_texts(texts: Sequence[str], options: TextOptions = TextOptions(), progress: bool = False,
+                 encoder: TextEncoder | None = None) -> torch.Tensor:
+    """(n, D) vectors of new item texts (not cached), with the same encoder settings as a dataset's;
+    `encoder`: one already loaded with those settings (a service keeps one), else it is loaded."""
     if any(not t or not t.strip() for t in texts):
         raise SeqrecError("every new item needs a non-empty text")
-    return torch.from_numpy(_default_factory(options).encode(list(texts), options.batch_size, progress))
+    encoder = encoder or _default_factory(options)
+    return torch.from_numpy(encoder.encode(list(texts), options.batch_size, progress))
+
+
+def load_text_encoder(options: TextOptions) -> TextEncoder:
+    """The frozen encoder that `options` describes, loaded once (for callers that encode repeatedly)."""
+    return _default_factory(options)

@@ -6,6 +6,8 @@
     history_offsets(items) -> (B, L) or None: what each history position adds to its item's score
                                    (a learned `seqrec.nn.history.HistoryBias`, when the model has one)
     loss(batch)        -> scalar   the training objective
+    extend(items, cache) -> ((B, D), cache)  optional: incremental encoding of new items appended to
+                                   a cached history (sessions); `can_extend()` says whether it is exact
     fit_data(data)     -> None     optional: read what training needs from the training split
                                    (item counts, ...) before the first step; called by `fit`
     feature_block                  optional side-feature block (seqrec.nn.features); models that
@@ -25,6 +27,7 @@ from torch import nn
 
 from seqrec.data.batching import Batch
 from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
 from seqrec.nn.features import FeatureBlock
 from seqrec.nn.history import HistoryBias, add_offsets
 from seqrec.nn.objective import Objective
@@ -65,6 +68,20 @@ class SequentialModel(nn.Module, abc.ABC):
 
     def item_bias(self) -> torch.Tensor | None:
         return None
+
+    def item_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        """(n,) item ids -> (n, D) rows of `item_embeddings()`; models that compute item vectors
+        (text adaptors) override it to compute only these rows."""
+        return self.item_embeddings()[ids]
+
+    def can_extend(self) -> bool:
+        """Whether `extend` gives exactly what `encode` gives on the whole history (up to max_len)."""
+        return False
+
+    def extend(self, items: torch.Tensor, cache: Any | None) -> tuple[torch.Tensor, Any]:
+        """(B, T) items appended after the history held in `cache` (None: empty) -> (B, D) the state
+        after the last of them (what `encode` gives on the whole history) and the grown cache."""
+        raise SeqrecError(f"{self.name} has no incremental encoding; re-encode the history")
 
     def history_offsets(self, items: torch.Tensor) -> torch.Tensor | None:
         """(B, L) left-padded histories -> (B, L) score offsets of their items, or None."""

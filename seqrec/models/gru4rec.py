@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -157,6 +157,19 @@ class GRU4Rec(SequentialModel):
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=items.shape[1])
         return self.drop(roll_rows(out, -pad % items.shape[1]))  # back to left-padded
+
+    def can_extend(self) -> bool:
+        return self.feature_block is None
+
+    @torch.no_grad()
+    def extend(self, items: torch.Tensor, cache: Any | None) -> tuple[torch.Tensor, Any]:
+        """The GRU's own state is the cache: one step per new item, exactly as `hidden` runs it
+        (`hidden` reads the last max_len items only; the caller re-encodes beyond that)."""
+        h, n = cache if cache is not None else (None, 0)
+        if n + items.shape[1] > self.max_len:
+            raise SeqrecError(f"a cached history holds at most max_len={self.max_len} items")
+        out, h = self.gru(self.drop(self.item_emb(items)), h)
+        return self.drop(out[:, -1]), (h, n + items.shape[1])
 
     def hidden_with_resets(self, items: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Session-parallel lanes: the state is zeroed after every step whose target is 0."""

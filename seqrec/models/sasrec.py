@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -27,12 +27,12 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
 from seqrec.models.base import SequentialModel
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.embeddings import make_positions, output_layer, right_aligned_positions
+from seqrec.nn.embeddings import make_positions, output_layer, position_ids
 from seqrec.nn.features import FeatureBlock
 from seqrec.nn.history import HistoryBias
 from seqrec.nn.init import normal_init
 from seqrec.nn.objective import Objective, check_loss_config
-from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
+from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config, extend_causal
 
 
 @dataclass
@@ -46,6 +46,9 @@ class SASRecConfig:
     attn_dropout: float = 0.2
     norm_first: bool = True  # pre-LN; False = the original post-LN
     positions: Literal["learned", "sinusoidal"] = "learned"
+    # "end": the newest item is always the last position; "start": positions count from the first item,
+    # so earlier positions never move and sessions can keep a KV cache (seqrec.nn.transformer)
+    positions_from: Literal["end", "start"] = "end"
     output_bias: bool = True  # l = hUᵀ + b
     tied: bool = True  # U = the input item table E; False: a separate output table
     loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
@@ -83,15 +86,26 @@ class SASRec(SequentialModel):
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None  # own init
         self.history = HistoryBias(max_len) if config.history_bias else None  # starts at 0: plain SASRec
 
-    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """(B, L) left-padded items (+ event features) -> (B, L, D) states; state l has seen items[:, :l+1]."""
+    def inputs(self, items: torch.Tensor, positions: torch.Tensor,
+               events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """(B, L) items at the given positions -> (B, L, D) Transformer inputs (0 at padding)."""
         x = self.item_emb(items)
         if self.feature_block is not None:
             x = self.feature_block(x, items, events)
         x = x * (math.sqrt(self.config.d) if self.config.emb_scale else 1.0)
-        x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
-        x = self.emb_drop(self.emb_ln(x)) * (items != 0).unsqueeze(-1)
-        return self.encoder(x, attention_mask(items, causal=True))
+        x = x + self.pos_emb(positions)
+        return self.emb_drop(self.emb_ln(x)) * (items != 0).unsqueeze(-1)
+
+    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """(B, L) left-padded items (+ event features) -> (B, L, D) states; state l has seen items[:, :l+1]."""
+        positions = position_ids(items, self.max_len, align=self.config.positions_from)
+        return self.encoder(self.inputs(items, positions, events), attention_mask(items, causal=True))
+
+    def can_extend(self) -> bool:
+        return self.config.positions_from == "start" and self.feature_block is None
+
+    def extend(self, items: torch.Tensor, cache: Any | None) -> tuple[torch.Tensor, Any]:
+        return extend_causal(self, items, cache)
 
     def encode(self, batch: Batch) -> torch.Tensor:
         return self.hidden(batch.items, batch.events)[:, -1]  # (B, D): the most recent position

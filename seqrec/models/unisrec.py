@@ -16,7 +16,7 @@ Shapes: B batch, L length, D hidden, N items, D_text text width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +31,12 @@ from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.adaptors import MoEAdaptor, Whitening
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.embeddings import right_aligned_positions
+from seqrec.nn.embeddings import position_ids
 from seqrec.nn.features import FeatureBlock
 from seqrec.nn.history import HistoryBias
 from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
-from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config
+from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config, extend_causal
 
 
 @dataclass
@@ -55,6 +55,7 @@ class UniSRecConfig:
     adaptor_dropout: float = 0.2
     gate_noise: bool = True
     whitening_init: bool = False  # start each MoE expert as an SVD whitening of the text table
+    positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
     history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
@@ -139,15 +140,27 @@ class UniSRec(SequentialModel):
     def hidden(self, items: torch.Tensor, text: torch.Tensor | None = None,
                events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, L) left-padded items -> (B, L, D) causal states; `text` swaps in another view of the text."""
+        positions = position_ids(items, self.max_len, align=self.config.positions_from)
+        return self.encoder(self.inputs(items, positions, text, events), attention_mask(items, causal=True))
+
+    def inputs(self, items: torch.Tensor, positions: torch.Tensor, text: torch.Tensor | None = None,
+               events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """(B, L) items at the given positions -> (B, L, D) Transformer inputs (0 at padding)."""
         x = self.embed_items(items, text)
         if self.feature_block is not None:
             x = self.feature_block(x, items, events)
-        x = x + self.pos_emb(right_aligned_positions(items.shape[1], self.max_len, items.device))
-        x = self.drop(self.in_ln(x)) * (items != 0).unsqueeze(-1)
-        return self.encoder(x, attention_mask(items, causal=True))
+        x = x + self.pos_emb(positions)
+        return self.drop(self.in_ln(x)) * (items != 0).unsqueeze(-1)
 
     def encode(self, batch: Batch) -> torch.Tensor:
         return F.normalize(self.hidden(batch.items, events=batch.events)[:, -1], dim=-1)  # (B, D), unit length
+
+    def can_extend(self) -> bool:
+        return self.config.positions_from == "start" and self.feature_block is None
+
+    def extend(self, items: torch.Tensor, cache: Any | None) -> tuple[torch.Tensor, Any]:
+        state, cache = extend_causal(self, items, cache)
+        return F.normalize(state, dim=-1), cache
 
     def fit_data(self, data: PreparedDataset) -> None:
         """Transductive: an item with no training event has no ID to learn; its ID vector is held at zero,
@@ -164,6 +177,9 @@ class UniSRec(SequentialModel):
         ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
         return F.normalize(self.embed_items(ids), dim=-1) / self.config.temperature  # cos / τ
 
+    def item_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.embed_items(ids), dim=-1) / self.config.temperature
+
     def loss(self, batch: Batch) -> torch.Tensor:
         """Softmax cross-entropy of cos(h, v) / τ over every item, at every position with a target."""
         assert batch.targets is not None, "training batches carry targets"
@@ -172,6 +188,11 @@ class UniSRec(SequentialModel):
         W = self.item_embeddings()
         history = None if self.history is None else self.history.training_rows(states, batch.items, W, None, keep)
         return full_ce(states[keep], W, None, batch.targets[keep], history=history)
+
+    @torch.no_grad()
+    def set_item_text(self, ids: torch.Tensor, text_emb: torch.Tensor) -> None:
+        """Replace the text vectors (n, D_text) of existing items (their ID vectors are kept)."""
+        self.text_emb[ids] = text_emb.to(self.text_emb)
 
     @torch.no_grad()
     def add_items(self, text_emb: torch.Tensor) -> range:

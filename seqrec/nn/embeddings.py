@@ -13,6 +13,21 @@ def right_aligned_positions(width: int, max_len: int, device: torch.device) -> t
     return torch.arange(max_len - width, max_len, device=device)
 
 
+def position_ids(items: torch.Tensor, max_len: int, start: int | torch.Tensor = 0,
+                 align: str = "end") -> torch.Tensor:
+    """Position ids of a left-padded batch (B, L).
+
+    align="end": counted from the right, the newest item is always max_len - 1 (L,), so every
+    position moves when an event is appended. align="start": counted from each row's first real
+    item, plus `start` (the number of earlier positions, for an incremental step) (B, L); earlier
+    positions never move, which is what makes a KV cache exact. Padding gets position 0."""
+    if align == "end":
+        return right_aligned_positions(items.shape[1], max_len, items.device)
+    if align != "start":
+        raise ValueError(f"unknown position alignment {align!r}")
+    return ((items != 0).cumsum(1) - 1).clamp(min=0) + start
+
+
 class LearnedPositions(nn.Embedding):
     def __init__(self, max_len: int, d: int) -> None:
         super().__init__(max_len, d)

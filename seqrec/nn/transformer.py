@@ -3,11 +3,18 @@
 `attention_mask` builds the (B, 1, L, L) boolean mask once per batch: a query
 attends to real (non-padding) keys, only to earlier ones when causal, and
 always to itself so that padding rows stay finite.
+
+`Encoder.extend` is the causal stack run on T new positions after P cached ones:
+each layer's keys and values of the past positions (a KV cache) are reused, so
+an appended event costs one position of compute instead of re-encoding the
+history. Exact only when the past positions do not change as events are
+appended, i.e. positions counted from the start of the sequence
+(`model.positions_from = "start"`); the past is all real items (no padding).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +42,13 @@ def attention_mask(items: torch.Tensor, causal: bool) -> torch.Tensor:
     return allowed | eye
 
 
+class LayerCache(NamedTuple):
+    """One layer's keys and values of the cached positions, each (B, H, P, D/H)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
 class SelfAttention(nn.Module):
     def __init__(self, d: int, n_heads: int, dropout: float) -> None:
         super().__init__()
@@ -59,6 +73,19 @@ class SelfAttention(nn.Module):
             )
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
+    def extend(self, x: torch.Tensor, past: LayerCache | None) -> tuple[torch.Tensor, LayerCache]:
+        """x (B, T, D) new positions after the P cached ones -> (B, T, D), the cache grown to P + T.
+        New position t attends to every cached position and to new positions <= t."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D/H)
+        if past is not None:
+            k, v = torch.cat([past.k, k], dim=2), torch.cat([past.v, v], dim=2)  # (B, H, P+T, D/H)
+        P = k.shape[2] - T
+        mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(P)  # (T, P+T): causal on the new part
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(y.transpose(1, 2).reshape(B, T, D)), LayerCache(k, v)
+
 
 class Block(nn.Module):
     """Self-attention + position-wise FFN, each with residual, dropout and LayerNorm.
@@ -82,6 +109,16 @@ class Block(nn.Module):
         x = self.ln1(x + self.drop(self.attn(x, mask)))
         return self.ln2(x + self.drop(self.ffn(x)))
 
+    def extend(self, x: torch.Tensor, past: LayerCache | None) -> tuple[torch.Tensor, LayerCache]:
+        """`forward` for new positions after cached ones (inference: dropout is off)."""
+        if self.norm_first:
+            y, cache = self.attn.extend(self.ln1(x), past)
+            x = x + y
+            return x + self.ffn(self.ln2(x)), cache
+        y, cache = self.attn.extend(x, past)
+        x = self.ln1(x + y)
+        return self.ln2(x + self.ffn(x)), cache
+
 
 class Encoder(nn.Module):
     """A stack of blocks; a final LayerNorm when pre-LN (post-LN blocks already end in one)."""
@@ -98,3 +135,32 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         return self.final_ln(x)
+
+    @torch.no_grad()
+    def extend(self, x: torch.Tensor, cache: list[LayerCache] | None
+               ) -> tuple[torch.Tensor, list[LayerCache]]:
+        """x (B, T, D) inputs of T new positions -> their (B, T, D) states and the grown per-layer cache."""
+        if self.training:
+            raise RuntimeError("Encoder.extend is for inference; call .eval() first")
+        grown = []
+        for i, block in enumerate(self.blocks):
+            assert isinstance(block, Block)
+            x, layer = block.extend(x, None if cache is None else cache[i])
+            grown.append(layer)
+        return self.final_ln(x), grown
+
+
+def extend_causal(model: Any, items: torch.Tensor, cache: tuple[list[LayerCache], int] | None
+                  ) -> tuple[torch.Tensor, tuple[list[LayerCache], int]]:
+    """The incremental step of a causal Transformer model with positions counted from the start:
+    `model.inputs(items, positions)` builds its inputs, `model.encoder` is an `Encoder`.
+
+    (B, T) new items after the n cached ones -> (B, D) state after the last of them, and the cache
+    (per-layer keys and values, n + T). Beyond max_len the positions run out: the caller re-encodes."""
+    layers, n = cache if cache is not None else (None, 0)
+    T = items.shape[1]
+    if n + T > model.max_len:
+        raise SeqrecError(f"a cached history holds at most max_len={model.max_len} items (asked {n + T})")
+    positions = torch.arange(n, n + T, device=items.device).expand_as(items)
+    states, grown = model.encoder.extend(model.inputs(items, positions), layers)
+    return states[:, -1], (grown, n + T)

@@ -1,11 +1,20 @@
-"""Top-k recommendations for a raw history of item ids, from a saved run or checkpoint.
+"""Top-k recommendations for raw histories of item ids, from a saved run or checkpoint.
 
-Models with side features use the same features as in training: the item
-features of every history item and candidate come from the checkpoint's item
-tables; event features are derived from the history's `times` (gap, hour) and
-`events` (e.g. rating) exactly as `seqrec.data.features` derives them from a
-prepared log. Values not given are missing, which the model encodes with its
-learned "missing" vector (the policy it was trained with for unknown values).
+One `Recommender` serves the CLI, Python and the HTTP service. It holds the model and a live
+`Catalogue` (raw ids, titles, item vectors + bias, and a retriever: exact, FAISS HNSW or IVF):
+
+    h = model.encode(history)                     (B, D) the state after the history
+    top-k = retriever.search(h, k)                scores h · v_i + b_i, exact ones for the returned ids
+    + history offsets                             a model with a learned history bias shifts the scores
+                                                  of the history's own items: they are kept out of the
+                                                  search, scored exactly and merged in
+
+Text models (UniSRec) take new items by their text alone: the text goes through the run's frozen
+encoder and adaptor, and the item joins the catalogue and its index without retraining.
+
+Models with side features use the same features as in training: event features are derived from
+the history's `times` (gap, hour) and `events` (e.g. rating) exactly as `seqrec.data.features`
+derives them from a prepared log; values not given are missing (the model's learned "missing").
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -22,7 +32,8 @@ from seqrec.data.batching import Batch, history_batch
 from seqrec.data.features import DERIVED_EVENTS, event_values
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
-from seqrec.serve.ann import IVFIndex
+from seqrec.serve.ann import Retriever
+from seqrec.serve.catalogue import Catalogue
 from seqrec.train.checkpoint import load_checkpoint
 
 
@@ -34,66 +45,90 @@ class Recommendation:
 
 
 class Recommender:
-    def __init__(self, model: SequentialModel, items: pl.DataFrame, max_len: int) -> None:
+    def __init__(self, model: SequentialModel, items: pl.DataFrame, max_len: int, index: str = "exact",
+                 **index_options: Any) -> None:
         self.model, self.max_len = model.eval(), max_len
-        self.raw_ids: list[str] = items.sort("idx")["item"].to_list()
-        self.titles: list[str | None] | None = (
-            items.sort("idx")["title"].cast(pl.Utf8).to_list() if "title" in items.columns else None
-        )
-        self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
-        self.ann: IVFIndex | None = None
-        self._ann_options: tuple[int | None, int | None] | None = None
+        items = items.sort("idx")
+        titles = items["title"].cast(pl.Utf8).to_list() if "title" in items.columns else [None] * items.height
+        with torch.no_grad():
+            vectors, bias = model.item_embeddings(), model.item_bias()
+        self.catalogue = Catalogue(items["item"].cast(pl.Utf8).to_list(), titles, vectors, bias, index,
+                                   **index_options)
+        self._text_encoder: Any = None  # loaded on the first new item
 
     @classmethod
-    def from_run(cls, path: Path | str, device: str = "cpu") -> Recommender:
+    def from_run(cls, path: Path | str, device: str = "cpu", index: str = "exact",
+                 **index_options: Any) -> Recommender:
         """A run folder (with checkpoint/) or a checkpoint folder."""
         path = Path(path)
         ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
         if not (ckpt / "model.json").is_file():
             raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
         model, meta = load_checkpoint(ckpt, device)
-        return cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]))
+        return cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
 
-    def use_index(self, n_lists: int | None = None, n_probe: int | None = None) -> IVFIndex:
-        """Serve top-k from an approximate (IVF) index of the item vectors instead of scoring every item;
-        `candidates` still rank exactly. Defaults: 2 sqrt(N) lists, an eighth of them probed."""
-        self._ann_options = (n_lists, n_probe)
-        emb, bias = self.model.item_embeddings(), self.model.item_bias()
-        self.ann = IVFIndex(emb.detach(), None if bias is None else bias.detach(), n_lists, n_probe)
-        return self.ann
-
-    def add_items(self, texts: Mapping[str, str]) -> None:
-        """Make new items (raw id -> text) recommendable and usable in histories, from their text alone.
-
-        Needs a text model (UniSRec): the text is encoded with the checkpoint's own encoder settings."""
-        add = getattr(self.model, "add_items", None)
-        if add is None:
-            raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
-        clash = [r for r in texts if r in self.index]
-        if clash:
-            raise SeqrecError(f"item id(s) already in the catalogue: {clash[:5]}")
-        from seqrec.data.text import encode_texts
-
-        vectors = encode_texts(list(texts.values()), self.model.config.text_options())  # type: ignore[union-attr,operator]
-        new = add(vectors.to(self.model.item_embeddings().device))
-        for raw, idx, text in zip(texts, new, texts.values(), strict=True):
-            self.raw_ids.append(raw)
-            self.index[raw] = idx
-            if self.titles is not None:
-                self.titles.append(text)
-        if self._ann_options is not None:  # the new items go into a rebuilt index
-            self.use_index(*self._ann_options)
+    # -- the catalogue -------------------------------------------------------------------------------
 
     @property
     def n_items(self) -> int:
-        return len(self.raw_ids)
+        return self.catalogue.n_items
+
+    @property
+    def titles(self) -> list[str | None]:
+        return self.catalogue.titles
+
+    @property
+    def index(self) -> dict[str, int]:
+        return self.catalogue.index
+
+    def use_index(self, kind: str = "hnsw", **options: Any) -> Retriever:
+        """Serve top-k from another index (exact, hnsw or ivf; FAISS options such as ef_search or
+        n_probe); `candidates` still rank exactly."""
+        return self.catalogue.use_index(kind, **options)
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether new items can be added by text (a text model such as UniSRec)."""
+        return hasattr(self.model, "add_items")
+
+    def add_items(self, texts: Mapping[str, str]) -> list[int]:
+        """Add items (raw id -> text) or replace the text of known ones, from text alone; they are
+        recommendable (and usable in histories) as soon as this returns. Needs a text model."""
+        if not self.takes_text:
+            raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
+        if not texts:
+            raise SeqrecError("no items given")
+        from seqrec.data.text import encode_texts, load_text_encoder
+
+        options = self.model.config.text_options()  # type: ignore[union-attr,operator]
+        if self._text_encoder is None:
+            self._text_encoder = load_text_encoder(options)
+        text_vectors = encode_texts(list(texts.values()), options, encoder=self._text_encoder)
+        device = self.catalogue.vectors.device
+        cat, model = self.catalogue, self.model
+        with cat.lock, torch.no_grad():
+            known = [i for i, raw in enumerate(texts) if raw in cat.index]
+            new = [i for i, raw in enumerate(texts) if raw not in cat.index]
+            raws, values = list(texts), list(texts.values())
+            if known:
+                ids = torch.tensor([cat.index[raws[i]] for i in known], device=device)
+                model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
+                cat.replace(ids.tolist(), [values[i] for i in known], model.item_vectors(ids))
+            if new:
+                ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
+                                   device=device)
+                cat.append([raws[i] for i in new], [values[i] for i in new], model.item_vectors(ids), None)
+        return [cat.index[raw] for raw in raws]
+
+    def remove_items(self, raws: Sequence[str]) -> None:
+        """Stop recommending these items (they stay known, so histories may still hold them)."""
+        for idx in self.catalogue.lookup(raws):
+            self.catalogue.remove(idx)
 
     def to_indices(self, history: Sequence[str]) -> list[int]:
-        unknown = [h for h in history if h not in self.index]
-        if unknown:
-            shown = ", ".join(repr(u) for u in unknown[:5])
-            raise SeqrecError(f"unknown item id(s) in history: {shown}" + (" ..." if len(unknown) > 5 else ""))
-        return [self.index[h] for h in history]
+        return self.catalogue.lookup(history, " in history")
+
+    # -- states --------------------------------------------------------------------------------------
 
     def history_events(self, n: int, times: Sequence[float] | None,
                        events: Mapping[str, Sequence[float]] | None) -> dict[str, np.ndarray]:
@@ -115,57 +150,107 @@ class Recommender:
         return out
 
     @torch.no_grad()
+    def encode(self, histories: Sequence[Sequence[int]], events: Sequence[dict[str, np.ndarray]] | None = None
+               ) -> tuple[torch.Tensor, Batch]:
+        """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items)."""
+        batch = history_batch([list(h) for h in histories], self.max_len, events or None)
+        batch = batch.to(self.catalogue.vectors.device)
+        return self.model.encode(batch), batch
+
+    # -- top-k ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def top_k(self, states: torch.Tensor, windows: torch.Tensor, k: int,
+              exclude: Sequence[Sequence[int]] | None = None) -> list[list[Recommendation]]:
+        """Best k per state (B, D); `windows` (B, L) the items each state has seen (for the history bias),
+        `exclude` item indices never returned per row (e.g. the whole history)."""
+        self._check_k(k)
+        offsets = self.model.history_offsets(windows)
+        excl = [list(e) for e in exclude] if exclude is not None else [[] for _ in range(len(states))]
+        if offsets is None or exclude is not None:
+            values, ids = self.catalogue.retriever.search(states, k, exclude=excl if exclude is not None else None)
+            return [self._results(v.tolist(), i.tolist()) for v, i in zip(values, ids, strict=True)]
+        out = []
+        for row in range(len(states)):  # the window's items are scored exactly, with their offsets
+            seen = torch.unique(windows[row][windows[row] != 0])
+            values, ids = self.catalogue.retriever.search(states[row : row + 1], k, exclude=[seen.tolist()])
+            exact = self._exact(states[row], seen) + (windows[row][None, :] == seen[:, None]).float() @ offsets[row]
+            alive = torch.tensor([self.catalogue.is_active(int(i)) for i in seen], dtype=torch.bool)
+            merged = torch.cat([values[0].float(), exact[alive.to(exact.device)]])
+            merged_ids = torch.cat([ids[0], seen[alive.to(seen.device)]])
+            top = torch.topk(merged, min(k, len(merged)))
+            out.append(self._results(top.values.tolist(), merged_ids[top.indices].tolist()))
+        return out
+
+    def _exact(self, state: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(D,) state -> exact scores of items `ids` (n,): h · v_i + b_i."""
+        bias = self.catalogue.bias
+        scores = self.catalogue.vectors[ids] @ state.float()
+        return scores if bias is None else scores + bias[ids]
+
+    def _check_k(self, k: int) -> None:
+        if not 1 <= k <= self.catalogue.n_active:
+            raise SeqrecError(f"k={k} must be between 1 and the number of recommendable items "
+                              f"({self.catalogue.n_active})")
+
+    def _results(self, scores: Sequence[float], ids: Sequence[int]) -> list[Recommendation]:
+        titles = self.catalogue.titles
+        raw = self.catalogue.raw_ids
+        return [Recommendation(raw[i - 1], float(s), titles[i - 1])
+                for s, i in zip(scores, ids, strict=True) if i > 0 and s > -float("inf")]
+
+    @torch.no_grad()
     def recommend(self, history: Sequence[str], k: int = 10, exclude_seen: bool = False,
                   candidates: Sequence[str] | None = None, times: Sequence[float] | None = None,
                   events: Mapping[str, Sequence[float]] | None = None) -> list[Recommendation]:
         """Top-k raw item ids (most recent history item last), best first; only `candidates` when given.
 
         `times` (seconds) and `events` (name -> one value per history item) feed event features."""
-        if not 1 <= k <= self.n_items:
-            raise SeqrecError(f"k={k} must be between 1 and the catalogue size {self.n_items}")
+        self._check_k(k)
         if not history:
             raise SeqrecError("the history is empty; give at least one item id")
         idx = self.to_indices(history)
-        device = self.model.item_embeddings().device
         ev = self.history_events(len(idx), times, events)
-        batch = history_batch([idx], self.max_len, [ev] if ev else None).to(device)
-        if self.ann is not None and candidates is None:
-            return self._from_index(batch, idx, k, exclude_seen)
-        scores = self.model.score(batch)[0].float()
-        scores[0] = -torch.inf
+        states, batch = self.encode([idx], [ev] if ev else None)
         if candidates is not None:
-            allowed = torch.zeros_like(scores, dtype=torch.bool)
-            allowed[torch.tensor(self.to_indices(candidates), dtype=torch.long, device=device)] = True
-            scores[~allowed] = -torch.inf
-        if exclude_seen:
-            scores[torch.tensor(idx, device=device)] = -torch.inf
-        k = min(k, int(torch.isfinite(scores).sum()))
-        if k == 0:
+            return self._rank_candidates(states[0], batch.items, idx,
+                                         self.catalogue.lookup(candidates, " in candidates"), k, exclude_seen)
+        recs = self.top_k(states, batch.items, k, [idx] if exclude_seen else None)[0]
+        if not recs:
             raise SeqrecError("no item is left to recommend after excluding the history")
-        top = torch.topk(scores, k)
-        return self._results(top.values.tolist(), top.indices.tolist())
+        return recs
 
-    def _results(self, scores: Sequence[float], ids: Sequence[int]) -> list[Recommendation]:
-        return [Recommendation(self.raw_ids[i - 1], float(s), None if self.titles is None else self.titles[i - 1])
-                for s, i in zip(scores, ids, strict=True) if i > 0]
+    @torch.no_grad()
+    def recommend_many(self, histories: Sequence[Sequence[str]], k: int = 10,
+                       exclude_seen: bool = False) -> list[list[Recommendation]]:
+        """`recommend` for many histories in one forward pass."""
+        self._check_k(k)
+        if not histories or any(not h for h in histories):
+            raise SeqrecError("every history needs at least one item id")
+        idx = [self.to_indices(h) for h in histories]
+        states, batch = self.encode(idx)
+        return self.top_k(states, batch.items, k, idx if exclude_seen else None)
 
-    def _from_index(self, batch: Batch, idx: list[int], k: int, exclude_seen: bool) -> list[Recommendation]:
-        """Top-k from the ANN index. A model with a learned history bias shifts the scores of history
-        items only: the index returns the best items outside the history, and the history items are
-        scored exactly and merged in (unless excluded)."""
-        assert self.ann is not None
-        h = self.model.encode(batch)
-        offsets = self.model.history_offsets(batch.items)
-        if exclude_seen or offsets is None:
-            values, ids = self.ann.search(h, k, exclude=[idx] if exclude_seen else None)
-            return self._results(values[0].tolist(), ids[0].tolist())
-        seen = torch.unique(batch.items[batch.items != 0])  # the items the offsets apply to (the model's window)
-        values, ids = self.ann.search(h, k, exclude=[seen.tolist()])
-        # exact scores of the window's items only (not the whole catalogue): base score + history offsets
-        bias = self.model.item_bias()
-        base = h[0] @ self.model.item_embeddings()[seen].T + (0.0 if bias is None else bias[seen])
-        exact = base.float() + (batch.items[0][None, :] == seen[:, None]).float() @ offsets[0].float()
-        merged_ids = torch.cat([ids[0], seen])
-        merged = torch.cat([values[0].float(), exact])
-        top = torch.topk(merged, min(k, len(merged)))
-        return self._results(top.values.tolist(), merged_ids[top.indices].tolist())
+    def _rank_candidates(self, state: torch.Tensor, window: torch.Tensor, history: list[int],
+                         candidates: list[int], k: int, exclude_seen: bool) -> list[Recommendation]:
+        """Exact ranking of the given items only (removed ones and, when asked, seen ones dropped)."""
+        seen = set(history) if exclude_seen else set()
+        keep = sorted({c for c in candidates if self.catalogue.is_active(c) and c not in seen})
+        if not keep:
+            raise SeqrecError("no candidate is left to recommend")
+        ids = torch.tensor(keep, device=state.device)
+        scores = self._exact(state, ids)
+        offsets = self.model.history_offsets(window)
+        if offsets is not None:
+            scores = scores + (window[0][None, :] == ids[:, None]).float() @ offsets[0].float()
+        top = torch.topk(scores, min(k, len(keep)))
+        return self._results(top.values.tolist(), ids[top.indices].tolist())
+
+    @torch.no_grad()
+    def similar(self, item: str, k: int = 10) -> list[Recommendation]:
+        """The k items the model scores highest for a state equal to this item's vector (the item excluded)."""
+        self._check_k(k)
+        (idx,) = self.catalogue.lookup([item])
+        query = self.catalogue.vectors[idx : idx + 1]
+        values, ids = self.catalogue.retriever.search(query, k, exclude=[[idx]])
+        return self._results(values[0].tolist(), ids[0].tolist())

@@ -1,0 +1,110 @@
+"""The serving commands of `seqrec`: `serve` (the HTTP service) and `export` (ONNX).
+
+Kept apart from cli.py, which registers them with `add_commands(sub)`; this module owns console output
+of these commands, the library logs."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+from pathlib import Path
+
+from seqrec.errors import SeqrecError
+
+ENV = "SEQREC_SERVE_OPTIONS"  # how `--workers N` hands the options to each worker process
+
+
+def build_app(options: dict) -> object:
+    """The FastAPI app for serve options (run, index, session limits, ...)."""
+    import torch
+
+    from seqrec.serve import Recommender
+    from seqrec.serve.app import create_app
+    from seqrec.serve.metrics import Limits
+
+    if options.get("threads"):
+        torch.set_num_threads(int(options["threads"]))
+    rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"])
+    one = int(options.get("workers", 1)) == 1
+    return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
+                      session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
+                      sessions_enabled=one, catalogue_writable=one)
+
+
+def app_from_env() -> object:
+    """uvicorn's factory in each worker process of `seqrec serve --workers N`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return build_app(json.loads(os.environ[ENV]))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    run = Path(args.run)
+    if not run.exists():
+        raise SeqrecError(f"{run}: no such run folder")
+    if not _loopback(args.host) and not args.public:
+        raise SeqrecError(f"--host {args.host} is not a loopback address; add --public to serve other machines")
+    if args.workers < 1 or not 1 <= args.port <= 65535:
+        raise SeqrecError("--workers must be >= 1 and --port in 1..65535")
+    options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
+               "max_sessions": args.max_sessions, "session_events": args.session_events,
+               "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device}
+    logging.getLogger("seqrec.serve").setLevel(logging.INFO)
+    print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
+    if args.workers == 1:
+        app = build_app(options)
+        uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
+    else:  # each worker builds its own app; live catalogue changes and sessions need one process
+        os.environ[ENV] = json.dumps(options)
+        uvicorn.run("seqrec.cli_serve:app_from_env", factory=True, host=args.host, port=args.port,
+                    workers=args.workers, access_log=False, log_level="warning")
+    return 0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from seqrec.serve.export import export_run
+
+    run = Path(args.run)
+    dest = Path(args.out) if args.out else run / f"export-{args.format}"
+    manifest = export_run(run, dest, format=args.format, opset=args.opset)
+    files = ", ".join(sorted(manifest.get("files", {})))
+    print(f"exported {run} -> {dest} ({files})")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("serve", help="serve a run over HTTP: recommendations, live catalogue, sessions, web page")
+    s.add_argument("run", help="a run folder (or checkpoint folder)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--public", action="store_true", help="allow a non-loopback --host")
+    s.add_argument("--index", choices=["exact", "hnsw", "ivf"], default="exact",
+                   help="top-k retrieval: exact scoring, or a FAISS HNSW / IVF index")
+    s.add_argument("--workers", type=int, default=1,
+                   help="worker processes; with more than one, the catalogue is read-only and sessions are off")
+    s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
+    s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--max-sessions", type=int, default=10_000)
+    s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
+    s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    s.set_defaults(fn=cmd_serve)
+    e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
+    e.add_argument("run")
+    e.add_argument("--format", choices=["onnx"], default="onnx")
+    e.add_argument("--out", help="output folder (default RUN/export-FORMAT)")
+    e.add_argument("--opset", type=int)
+    e.set_defaults(fn=cmd_export)

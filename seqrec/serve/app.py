@@ -1,0 +1,287 @@
+"""The HTTP service: a thin layer of typed requests and responses over one `Recommender`.
+
+    POST   /recommend              top-k for a raw history          POST /recommend/batch   many histories
+    POST   /items                  add or replace items by text     DELETE /items/{id}      stop recommending one
+    GET    /items/{id}             one item                         GET  /items?q=          search by title
+    GET    /similar/{id}?k=        items nearest an item            GET  /health, /metrics  (Prometheus text)
+    POST   /sessions/{sid}/events  append an event, get the new top-k (KV cache)
+    GET    /sessions/{sid}, DELETE /sessions/{sid}
+    GET    /                       the web page
+
+Every error is a 4xx with a JSON body {"error": "..."} that names the problem; the OpenAPI schema
+is at /openapi.json and /docs. Requests are logged one line each, with their latency.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from seqrec.errors import SeqrecError
+from seqrec.serve.catalogue import UnknownItem
+from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
+from seqrec.serve.recommender import Recommendation, Recommender
+from seqrec.serve.sessions import SessionLimit, Sessions
+
+log = logging.getLogger("seqrec.serve")
+
+ItemId = Annotated[str, Field(min_length=1, max_length=256, description="a raw item id")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RecommendRequest(Strict):
+    history: list[ItemId] = Field(min_length=1, max_length=10_000, description="raw item ids, oldest first")
+    k: int = Field(10, ge=1, le=1000)
+    exclude_seen: bool = False
+    times: list[float] | None = Field(None, max_length=10_000, description="seconds, one per history item")
+
+
+class BatchRequest(Strict):
+    histories: list[Annotated[list[ItemId], Field(min_length=1, max_length=10_000)]] = Field(
+        min_length=1, max_length=1000)
+    k: int = Field(10, ge=1, le=1000)
+    exclude_seen: bool = False
+
+
+class Item(BaseModel):
+    item: str
+    score: float
+    title: str | None = None
+
+
+class RecommendResponse(BaseModel):
+    items: list[Item]
+
+
+class BatchResponse(BaseModel):
+    results: list[list[Item]]
+
+
+class NewItem(Strict):
+    id: ItemId
+    text: str = Field(min_length=1, max_length=20_000, description="the item's text (title, brand, ...)")
+
+
+class ItemsRequest(Strict):
+    items: list[NewItem] = Field(min_length=1, max_length=10_000)
+
+
+class ItemsResponse(BaseModel):
+    added: list[str]
+    replaced: list[str]
+    n_items: int
+
+
+class ItemInfo(BaseModel):
+    item: str
+    title: str | None
+    recommendable: bool
+
+
+class EventRequest(Strict):
+    item: ItemId
+    k: int = Field(10, ge=1, le=1000)
+    exclude_seen: bool = False
+
+
+class SessionResponse(BaseModel):
+    session_id: str
+    n_events: int
+    items: list[str]
+    recommendations: list[Item]
+    cached: bool
+
+
+class Health(BaseModel):
+    status: str
+    model: str
+    n_items: int
+    index: str
+    sessions: int
+    takes_text: bool
+
+
+def _items(recs: list[Recommendation]) -> list[Item]:
+    return [Item(item=r.item, score=r.score, title=r.title) for r in recs]
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
+               session_ttl_s: float = 1800.0, limits: Limits | None = None, sessions_enabled: bool = True,
+               catalogue_writable: bool = True) -> FastAPI:
+    """The service over `rec`. `sessions_enabled` / `catalogue_writable` are off when several worker
+    processes serve one port (each would hold its own sessions and catalogue)."""
+    app = FastAPI(title="seqrec", version=_version(),
+                  description="Sequential recommendation: top-k next items for a history of raw item ids.")
+    metrics = Metrics()
+    sessions = Sessions(rec, max_sessions, session_events, session_ttl_s)
+    app.state.recommender, app.state.sessions, app.state.metrics = rec, sessions, metrics
+    app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits())
+
+    @app.exception_handler(UnknownItem)
+    async def unknown(_: Request, exc: UnknownItem) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(SessionLimit)
+    async def too_many(_: Request, exc: SessionLimit) -> JSONResponse:
+        return _error(429, str(exc))
+
+    @app.exception_handler(SeqrecError)
+    async def bad_input(_: Request, exc: SeqrecError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": _validation_message(exc), "detail": jsonable_encoder(exc.errors()[:5])},
+                            status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.post("/recommend", response_model=RecommendResponse)
+    async def recommend(req: RecommendRequest) -> RecommendResponse:
+        """Top-k items for one history of raw item ids (most recent last)."""
+        recs = rec.recommend(req.history, req.k, exclude_seen=req.exclude_seen, times=req.times)
+        return RecommendResponse(items=_items(recs))
+
+    @app.post("/recommend/batch", response_model=BatchResponse)
+    async def recommend_batch(req: BatchRequest) -> BatchResponse:
+        """Top-k for many histories in one forward pass."""
+        results = rec.recommend_many(req.histories, req.k, exclude_seen=req.exclude_seen)
+        return BatchResponse(results=[_items(r) for r in results])
+
+    @app.post("/items", response_model=ItemsResponse)
+    def add_items(req: ItemsRequest) -> ItemsResponse:
+        """Add items by text, or replace the text of known ones (text models only). They are
+        recommendable by the next request."""
+        _writable(catalogue_writable)
+        texts = {it.id: it.text for it in req.items}
+        if len(texts) != len(req.items):
+            raise SeqrecError("the same item id is given more than once")
+        known = [raw for raw in texts if raw in rec.index]
+        rec.add_items(texts)
+        return ItemsResponse(added=[r for r in texts if r not in set(known)], replaced=known, n_items=rec.n_items)
+
+    @app.delete("/items/{item_id}", response_model=ItemInfo)
+    def remove_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:
+        """Stop recommending an item (it stays usable in histories)."""
+        _writable(catalogue_writable)
+        rec.remove_items([item_id])
+        return _info(rec, item_id)
+
+    @app.get("/items/{item_id}", response_model=ItemInfo)
+    async def get_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:
+        return _info(rec, item_id)
+
+    @app.get("/items", response_model=list[ItemInfo])
+    async def search_items(q: Annotated[str, Query(max_length=200)] = "",
+                           limit: Annotated[int, Query(ge=1, le=100)] = 20) -> list[ItemInfo]:
+        """Items whose id or title contains `q` (case-insensitive), for pickers."""
+        return [_info(rec, raw) for raw in _find(rec, q, limit)]
+
+    @app.get("/similar/{item_id}", response_model=RecommendResponse)
+    async def similar(item_id: Annotated[str, Path(max_length=256)],
+                      k: Annotated[int, Query(ge=1, le=1000)] = 10) -> RecommendResponse:
+        """The items the model scores highest for a state equal to this item's vector."""
+        return RecommendResponse(items=_items(rec.similar(item_id, k)))
+
+    @app.post("/sessions/{session_id}/events", response_model=SessionResponse)
+    async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128)],
+                        req: EventRequest) -> SessionResponse:
+        """Append one event to a server-side session (created on its first event); returns the new top-k."""
+        _sessions_on(sessions_enabled)
+        return _session(sessions.add_event(session_id, req.item, req.k, req.exclude_seen))
+
+    @app.get("/sessions/{session_id}", response_model=SessionResponse)
+    async def get_session(session_id: Annotated[str, Path(min_length=1, max_length=128)],
+                          k: Annotated[int, Query(ge=1, le=1000)] = 10) -> SessionResponse:
+        _sessions_on(sessions_enabled)
+        try:
+            return _session(sessions.view(session_id, k))
+        except KeyError:
+            raise HTTPException(404, f"no session {session_id!r} (it may have expired)") from None
+
+    @app.delete("/sessions/{session_id}")
+    async def end_session(session_id: Annotated[str, Path(min_length=1, max_length=128)]) -> dict[str, Any]:
+        _sessions_on(sessions_enabled)
+        if not sessions.end(session_id):
+            raise HTTPException(404, f"no session {session_id!r}")
+        return {"ended": session_id}
+
+    @app.get("/health", response_model=Health)
+    async def health() -> Health:
+        return Health(status="ok", model=rec.model.name, n_items=rec.catalogue.n_active,
+                      index=rec.catalogue.retriever.kind, sessions=len(sessions), takes_text=rec.takes_text)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> str:
+        return metrics.render({"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions)})
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> str:
+        return resources.files("seqrec.serve").joinpath("static/index.html").read_text()
+
+    return app
+
+
+def _writable(on: bool) -> None:
+    if not on:
+        raise HTTPException(409, "the catalogue is read-only when several worker processes serve it; "
+                                 "start the service with --workers 1 to add or remove items")
+
+
+def _sessions_on(on: bool) -> None:
+    if not on:
+        raise HTTPException(409, "sessions live in one process; start the service with --workers 1")
+
+
+def _info(rec: Recommender, raw: str) -> ItemInfo:
+    (idx,) = rec.catalogue.lookup([raw])
+    return ItemInfo(item=raw, title=rec.catalogue.title(idx), recommendable=rec.catalogue.is_active(idx))
+
+
+def _find(rec: Recommender, q: str, limit: int) -> list[str]:
+    q = q.casefold().strip()
+    cat = rec.catalogue
+    out = []
+    for i in range(cat.n_items):
+        raw, title = cat.raw_ids[i], cat.titles[i]
+        if not q or q in raw.casefold() or (title is not None and q in title.casefold()):
+            out.append(raw)
+            if len(out) == limit:
+                break
+    return out
+
+
+def _session(view: Any) -> SessionResponse:
+    return SessionResponse(session_id=view.session_id, n_events=view.n_events, items=view.items,
+                           recommendations=_items(view.recommendations), cached=view.cached)
+
+
+def _version() -> str:
+    from seqrec import __version__
+
+    return __version__

@@ -1,0 +1,134 @@
+"""The live catalogue of a service: raw item ids, titles, item vectors (+ output bias) and a retriever.
+
+Item ids only grow (1..N; 0 is padding) and a removed item is a tombstone, so an id a reader
+holds never changes meaning. Writers (add, replace, remove) take `lock`; readers take no lock:
+they read `vectors`, a view of the first N+1 rows of a buffer that grows by doubling, and rows
+are written before N moves past them, so a reader sees a consistent catalogue of some size.
+Shapes: N items, D width.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from seqrec.errors import SeqrecError
+from seqrec.serve.ann import INDEX_KINDS, Retriever, build_retriever
+
+log = logging.getLogger(__name__)
+
+
+class UnknownItem(SeqrecError):
+    """An item id the catalogue does not hold."""
+
+
+class Catalogue:
+    def __init__(self, raw_ids: Sequence[str], titles: Sequence[str | None], vectors: torch.Tensor,
+                 bias: torch.Tensor | None, index: str = "exact", **index_options: object) -> None:
+        """vectors (N+1, D) and bias (N+1,) with row 0 the padding item; raw_ids/titles of items 1..N."""
+        if len(raw_ids) != vectors.shape[0] - 1 or len(titles) != len(raw_ids):
+            raise ValueError("raw_ids, titles and vectors must describe the same items")
+        self.lock = threading.RLock()
+        self.raw_ids, self.titles = list(raw_ids), list(titles)
+        self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
+        self.removed: set[int] = set()
+        self._vectors, self._bias = vectors.detach().float().clone(), None if bias is None else bias.detach().float()
+        self._n = len(self.raw_ids)
+        self.retriever = self._build(index, dict(index_options))
+
+    @property
+    def n_items(self) -> int:
+        return self._n
+
+    @property
+    def n_active(self) -> int:
+        return self._n - len(self.removed)
+
+    @property
+    def vectors(self) -> torch.Tensor:
+        """(N+1, D) item vectors, row 0 padding."""
+        return self._vectors[: self._n + 1]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return None if self._bias is None else self._bias[: self._n + 1]
+
+    def _build(self, kind: str, options: dict[str, object]) -> Retriever:
+        if kind not in INDEX_KINDS:
+            raise SeqrecError(f"unknown index {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
+        retriever = build_retriever(kind, self.vectors, self.bias, **options)  # type: ignore[arg-type]
+        if self.removed:
+            retriever.remove(sorted(self.removed))
+        return retriever
+
+    def use_index(self, kind: str, **options: object) -> Retriever:
+        """Serve top-k from another index over the same items (exact, hnsw or ivf)."""
+        with self.lock:
+            self.retriever = self._build(kind, options)
+        return self.retriever
+
+    def lookup(self, raws: Sequence[str], where: str = "") -> list[int]:
+        """Raw ids -> item indices; unknown ids are an error naming them (and `where` they were)."""
+        try:
+            return [self.index[r] for r in raws]
+        except KeyError:
+            unknown = [r for r in raws if r not in self.index]
+            shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise UnknownItem(f"unknown item id(s){where}: {shown}") from None
+
+    def is_active(self, idx: int) -> bool:
+        return 1 <= idx <= self._n and idx not in self.removed
+
+    def title(self, idx: int) -> str | None:
+        return self.titles[idx - 1]
+
+    def append(self, raws: Sequence[str], titles: Sequence[str | None], vectors: torch.Tensor,
+               bias: torch.Tensor | None) -> list[int]:
+        """New items (raw ids not yet known) with their vectors (n, D) [+ bias (n,)] -> their indices."""
+        with self.lock:
+            first, n = self._n + 1, len(raws)
+            self._vectors = _grown(self._vectors, first + n)
+            self._vectors[first : first + n] = vectors.to(self._vectors)
+            if self._bias is not None:
+                self._bias = _grown(self._bias, first + n)
+                self._bias[first : first + n] = 0.0 if bias is None else bias.to(self._bias)
+            self.raw_ids.extend(raws)
+            self.titles.extend(titles)
+            ids = list(range(first, first + n))
+            self.retriever.add(vectors, None if self._bias is None else self._bias[first : first + n])
+            self._n += n  # readers see the new rows from here on
+            self.index.update(zip(raws, ids, strict=True))
+            return ids
+
+    def replace(self, ids: Sequence[int], titles: Sequence[str | None], vectors: torch.Tensor) -> None:
+        """New vectors and titles for known items; a removed one is recommendable again."""
+        with self.lock:
+            at = torch.as_tensor(list(ids), dtype=torch.long)
+            self._vectors[at] = vectors.to(self._vectors)
+            for i, title in zip(ids, titles, strict=True):
+                self.titles[i - 1] = title
+            self.retriever.update(list(ids), vectors, None if self._bias is None else self._bias[at])
+            back = [i for i in ids if i in self.removed]
+            if back:
+                self.retriever.restore(back)
+                self.removed.difference_update(back)
+
+    def remove(self, idx: int) -> None:
+        """Never recommend this item again (it stays known: histories may hold it)."""
+        with self.lock:
+            if idx not in self.removed:
+                self.retriever.remove([idx])
+                self.removed.add(idx)
+
+
+def _grown(buffer: torch.Tensor, rows: int) -> torch.Tensor:
+    """`buffer` with room for at least `rows` rows: the same tensor while it fits, else a copy twice as
+    long (so n single appends copy O(n) rows in all, not O(n^2))."""
+    if rows <= buffer.shape[0]:
+        return buffer
+    bigger = buffer.new_zeros((max(rows, 2 * buffer.shape[0]), *buffer.shape[1:]))
+    bigger[: buffer.shape[0]] = buffer
+    return bigger

@@ -1,0 +1,123 @@
+"""Server-side sessions: a history that grows one event at a time, with the model's cache.
+
+For a model that can extend a cached history exactly (`model.can_extend()`: causal Transformers
+with positions counted from the start keep each layer's keys and values; GRU4Rec keeps its
+recurrent state), an event costs one position of compute. A history longer than max_len has no
+exact cache (the window slides, every position moves), nor has a model without one (BERT4Rec,
+positions counted from the end): those events re-encode the last max_len items. Either way the
+top-k after n events equals `Recommender.recommend` on the same n-item history.
+
+Bounded: at most `max_sessions` live sessions, each at most `max_events` events; a session idle
+for `ttl_s` seconds is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from seqrec.errors import SeqrecError
+from seqrec.serve.recommender import Recommendation, Recommender
+
+
+class SessionLimit(SeqrecError):
+    """Too many sessions, or a session too long."""
+
+
+@dataclass
+class Session:
+    items: list[int] = field(default_factory=list)
+    cache: Any = None  # the model's cache of `items` (None: empty or not cacheable)
+    cached: bool = True  # whether `cache` covers every item so far
+    touched: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    session_id: str
+    n_events: int
+    items: list[str]
+    recommendations: list[Recommendation]
+    cached: bool  # whether this event was served from the cache (one position of compute)
+
+
+class Sessions:
+    def __init__(self, recommender: Recommender, max_sessions: int = 10_000, max_events: int = 1_000,
+                 ttl_s: float = 1800.0) -> None:
+        self.rec = recommender
+        self.max_sessions, self.max_events, self.ttl_s = max_sessions, max_events, ttl_s
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _expire(self, now: float) -> None:
+        while self._sessions:
+            sid, oldest = next(iter(self._sessions.items()))
+            if now - oldest.touched < self.ttl_s:
+                break
+            del self._sessions[sid]
+
+    def _get(self, sid: str, create: bool) -> Session:
+        with self._lock:
+            now = time.monotonic()
+            self._expire(now)
+            session = self._sessions.get(sid)
+            if session is None:
+                if not create:
+                    raise KeyError(sid)
+                if len(self._sessions) >= self.max_sessions:
+                    raise SessionLimit(f"too many live sessions ({self.max_sessions}); "
+                                       "end one (DELETE /sessions/{id}) or wait for idle ones to expire")
+                session = self._sessions[sid] = Session()
+            session.touched = now
+            self._sessions.move_to_end(sid)
+            return session
+
+    def end(self, sid: str) -> bool:
+        with self._lock:
+            return self._sessions.pop(sid, None) is not None
+
+    def view(self, sid: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
+        """The session's events and its current top-k (re-encoded; no event is added)."""
+        session = self._get(sid, create=False)
+        with session.lock:
+            if not session.items:
+                return SessionView(sid, 0, [], [], session.cached)
+            states, batch = self.rec.encode([session.items])
+            return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
+
+    @torch.no_grad()
+    def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
+        """Append one event (a raw item id) to the session (created if new) -> the new top-k."""
+        (idx,) = self.rec.to_indices([item])
+        self.rec._check_k(k)
+        session = self._get(sid, create=True)
+        with session.lock:
+            if len(session.items) >= self.max_events:
+                raise SessionLimit(f"session {sid!r} has reached {self.max_events} events; start a new one")
+            session.items.append(idx)
+            model, device = self.rec.model, self.rec.catalogue.vectors.device
+            use_cache = session.cached and model.can_extend() and len(session.items) <= self.rec.max_len
+            if use_cache:
+                state, session.cache = model.extend(torch.tensor([[idx]], device=device), session.cache)
+                window = torch.tensor([session.items], device=device)
+                states = state
+            else:
+                session.cache, session.cached = None, False
+                states, batch = self.rec.encode([session.items])
+                window = batch.items
+            return self._answer(sid, session, states, window, k, exclude_seen, use_cache)
+
+    def _answer(self, sid: str, session: Session, states: torch.Tensor, window: torch.Tensor, k: int,
+                exclude_seen: bool, cached: bool) -> SessionView:
+        recs = self.rec.top_k(states, window, k, [session.items] if exclude_seen else None)[0]
+        raw = self.rec.catalogue.raw_ids
+        return SessionView(sid, len(session.items), [raw[i - 1] for i in session.items], recs, cached)

@@ -1,0 +1,208 @@
+"""The service and the live catalogue: the HTTP answers equal `Recommender.recommend`, which equals the
+model's full ranking; sessions equal a re-encoded history; items added by text are recommendable;
+every bad request is a 4xx with a JSON error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqrec.cli import main
+from seqrec.data.batching import history_batch
+from seqrec.data.prepare import PrepareOptions, prepare
+from seqrec.serve import Recommender
+from seqrec.serve.app import create_app
+from seqrec.serve.metrics import Limits
+from tests.conftest import synthetic_log
+from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+TINY = ["--set", "model.d=16", "--set", "data.max_len=8", "--set", "train.progress=false", "--set", "train.lr=0.01"]
+BLOCKS = ["--set", "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.d_ff=32"]
+HISTORIES = [["i3", "i4", "i5"], ["i1"], ["i7", "i8", "i9", "i10", "i11", "i12", "i13", "i14", "i15", "i16"],
+             ["i2", "i2", "i20", "i21"]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny trained runs: SASRec (positions from the start, history bias), SASRec (positions from the end),
+    GRU4Rec, BERT4Rec and UniSRec (a tiny text encoder)."""
+    root = tmp_path_factory.mktemp("serve")
+    data = prepare(synthetic_log(), PrepareOptions(), root / "data").path
+    enc = make_tiny_encoder(root / "enc")
+    specs = {
+        "sasrec": ["--model", "sasrec", "--set", 'model.positions_from="start"', "--set", "model.history_bias=true",
+                   "--set", "train.epochs=15"],
+        "sasrec-end": ["--model", "sasrec", "--set", "train.epochs=2"],
+        "gru4rec": ["--model", "gru4rec", "--set", "train.epochs=2"],
+        "bert4rec": ["--model", "bert4rec", "--set", "train.epochs=1"],
+        "unisrec": ["--model", "unisrec", "--set", 'model.positions_from="start"', "--set", "train.epochs=3",
+                    "--set", f'model.text_encoder="{enc}"', "--set", f"model.text_dim={TEXT_DIM}",
+                    "--set", "model.text_max_length=16", "--set", "model.n_experts=2"],
+    }
+    out = {}
+    for name, argv in specs.items():
+        blocks = [] if name == "gru4rec" else BLOCKS
+        assert main(["train", "--dataset", str(data), "--out", str(root / name), *TINY, *blocks, *argv]) == 0, name
+        out[name] = root / name
+    return out
+
+
+def full_ranking(rec: Recommender, history: list[str], k: int) -> tuple[list[str], list[float]]:
+    """The reference: the model's own scores of every item (with history offsets), top k."""
+    batch = history_batch([rec.to_indices(history)], rec.max_len)
+    scores = rec.model.score(batch)[0]
+    scores[0] = -torch.inf
+    top = torch.topk(scores, k)
+    return [rec.catalogue.raw_ids[i - 1] for i in top.indices.tolist()], top.values.tolist()
+
+
+@pytest.mark.parametrize("name", ["sasrec", "sasrec-end", "gru4rec", "bert4rec", "unisrec"])
+def test_exact_path_equals_full_ranking(runs: dict[str, Path], name: str) -> None:
+    rec = Recommender.from_run(runs[name])
+    for history in HISTORIES:
+        recs = rec.recommend(history, 10)
+        ids, scores = full_ranking(rec, history, 10)
+        assert [r.item for r in recs] == ids
+        assert [r.score for r in recs] == pytest.approx(scores, abs=1e-5)
+
+
+def test_service_topk_equals_recommender(runs: dict[str, Path]) -> None:
+    rec = Recommender.from_run(runs["sasrec"])
+    client = TestClient(create_app(rec))
+    for history in HISTORIES:
+        for exclude in (False, True):
+            got = client.post("/recommend", json={"history": history, "k": 7, "exclude_seen": exclude})
+            assert got.status_code == 200, got.text
+            want = rec.recommend(history, 7, exclude_seen=exclude)
+            assert [(r["item"], r["title"]) for r in got.json()["items"]] == [(r.item, r.title) for r in want]
+            assert [r["score"] for r in got.json()["items"]] == pytest.approx([r.score for r in want], abs=1e-6)
+    batch = client.post("/recommend/batch", json={"histories": HISTORIES, "k": 5}).json()["results"]
+    assert [[r["item"] for r in row] for row in batch] == [[r.item for r in rec.recommend(h, 5)] for h in HISTORIES]
+
+
+@pytest.mark.parametrize("name", ["sasrec", "sasrec-end", "gru4rec", "bert4rec", "unisrec"])
+def test_session_equals_recommend_on_the_same_history(runs: dict[str, Path], name: str) -> None:
+    rec = Recommender.from_run(runs[name])
+    client = TestClient(create_app(rec))
+    events = ["i3", "i4", "i5", "i9", "i4", "i10", "i11", "i12", "i13", "i14", "i1"]  # 11 > max_len = 8
+    for n, item in enumerate(events, start=1):
+        got = client.post("/sessions/s1/events", json={"item": item, "k": 10}).json()
+        want = rec.recommend(events[:n], 10)
+        assert got["n_events"] == n and got["items"] == events[:n]
+        assert [r["item"] for r in got["recommendations"]] == [r.item for r in want], n
+        assert [r["score"] for r in got["recommendations"]] == pytest.approx([r.score for r in want], abs=1e-5)
+        assert got["cached"] == (rec.model.can_extend() and n <= rec.max_len)
+    assert rec.model.can_extend() == (name in ("sasrec", "gru4rec", "unisrec"))
+    assert client.get("/sessions/s1").json()["n_events"] == len(events)
+    assert client.delete("/sessions/s1").status_code == 200
+    assert client.get("/sessions/s1").status_code == 404
+
+
+def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, Path]) -> None:
+    rec = Recommender.from_run(runs["unisrec"])
+    client = TestClient(create_app(rec))
+    history = ["i3", "i4", "i5"]
+    top = client.post("/recommend", json={"history": history, "k": 3}).json()["items"][0]
+    # a new item with the text of the best item: the same text gives the same vector, so it ties with it
+    title = rec.catalogue.title(rec.index[top["item"]])
+    assert title
+    added = client.post("/items", json={"items": [{"id": "fresh", "text": title}]})
+    assert added.status_code == 200 and added.json()["added"] == ["fresh"]
+    got = client.post("/recommend", json={"history": history, "k": 3}).json()["items"]
+    assert "fresh" in [r["item"] for r in got]
+    fresh = next(r for r in got if r["item"] == "fresh")
+    assert fresh["score"] == pytest.approx(top["score"], abs=1e-4)
+    assert client.get("/items/fresh").json() == {"item": "fresh", "title": title, "recommendable": True}
+    # usable in a history at once; similar finds its twin
+    assert client.post("/recommend", json={"history": ["i1", "fresh"], "k": 3}).status_code == 200
+    assert top["item"] in [r["item"] for r in client.get("/similar/fresh?k=3").json()["items"]]
+    assert client.delete("/items/fresh").json()["recommendable"] is False
+    got = client.post("/recommend", json={"history": history, "k": 30}).json()["items"]
+    assert "fresh" not in [r["item"] for r in got]
+    # replacing the text brings it back
+    again = client.post("/items", json={"items": [{"id": "fresh", "text": "red glue tape"}]}).json()
+    assert again["replaced"] == ["fresh"] and client.get("/items/fresh").json()["recommendable"] is True
+
+
+def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    got = client.post("/items", json={"items": [{"id": "x", "text": "a new thing"}]})
+    assert got.status_code == 400 and "text model" in got.json()["error"]
+
+
+@pytest.mark.parametrize(("method", "url", "body", "status", "message"), [
+    ("post", "/recommend", "{not json", 422, "JSON"),
+    ("post", "/recommend", {"history": ["nope"]}, 404, "'nope'"),
+    ("post", "/recommend", {"history": []}, 422, "history"),
+    ("post", "/recommend", {"history": ["i1"] * 10_001}, 422, "history"),
+    ("post", "/recommend", {"history": ["i1"], "k": 0}, 422, "k"),
+    ("post", "/recommend", {"history": ["i1"], "k": 31}, 400, "k=31"),
+    ("post", "/recommend", {"history": ["i1"], "colour": "red"}, 422, "colour"),
+    ("post", "/recommend", {"history": ["i1"], "times": [1.0, 2.0]}, 400, "times"),
+    ("post", "/recommend/batch", {"histories": [["i1"], []]}, 422, "histories"),
+    ("post", "/recommend/batch", {"histories": [["i1"], ["zz"]]}, 404, "'zz'"),
+    ("post", "/items", {"items": [{"id": "n", "text": ""}]}, 422, "text"),
+    ("post", "/items", {"items": []}, 422, "items"),
+    ("get", "/items/zz", None, 404, "'zz'"),
+    ("delete", "/items/zz", None, 404, "'zz'"),
+    ("get", "/similar/zz", None, 404, "'zz'"),
+    ("get", "/similar/i1?k=0", None, 422, "k"),
+    ("post", "/sessions/s/events", {"item": "zz"}, 404, "'zz'"),
+    ("get", "/sessions/never", None, 404, "never"),
+    ("get", "/no/such/page", None, 404, "Not Found"),
+])
+def test_bad_requests_are_4xx_json(runs: dict[str, Path], method: str, url: str, body: object, status: int,
+                                   message: str) -> None:
+    client = TestClient(create_app(Recommender.from_run(runs["unisrec"])))
+    kwargs = {"content": body} if isinstance(body, str) else {"json": body} if body is not None else {}
+    got = client.request(method.upper(), url, headers={"content-type": "application/json"}, **kwargs)
+    assert got.status_code == status, got.text
+    assert message in got.json()["error"]
+
+
+def test_limits_body_size_and_sessions(runs: dict[str, Path]) -> None:
+    rec = Recommender.from_run(runs["sasrec"])
+    client = TestClient(create_app(rec, max_sessions=2, session_events=3, limits=Limits(max_body_bytes=2000)))
+    big = client.post("/recommend", content=json.dumps({"history": ["i1"] * 1000}),
+                      headers={"content-type": "application/json"})
+    assert big.status_code == 413 and "2000 bytes" in big.json()["error"]
+    for sid in ("a", "b"):
+        assert client.post(f"/sessions/{sid}/events", json={"item": "i1"}).status_code == 200
+    full = client.post("/sessions/c/events", json={"item": "i1"})
+    assert full.status_code == 429 and "too many live sessions" in full.json()["error"]
+    for _ in range(2):
+        client.post("/sessions/a/events", json={"item": "i2"})
+    long = client.post("/sessions/a/events", json={"item": "i2"})
+    assert long.status_code == 429 and "3 events" in long.json()["error"]
+
+
+def test_health_metrics_and_page(runs: dict[str, Path]) -> None:
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["n_items"] == 30 and health["index"] == "exact"
+    for _ in range(3):
+        client.post("/recommend", json={"history": ["i1"]})
+    client.post("/recommend", json={"history": ["zz"]})
+    text = client.get("/metrics").text
+    assert 'seqrec_requests_total{method="POST",route="/recommend",status="200"} 3' in text
+    assert 'seqrec_requests_total{method="POST",route="/recommend",status="404"} 1' in text
+    assert 'seqrec_request_latency_seconds{route="/recommend",quantile="0.99"}' in text
+    assert "seqrec_catalogue_items 30" in text
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="recommend"' in page.text
+    assert client.get("/openapi.json").json()["paths"]["/recommend"]["post"]
+
+
+def test_faiss_index_in_the_service(runs: dict[str, Path]) -> None:
+    rec = Recommender.from_run(runs["unisrec"], index="hnsw")
+    exact = Recommender.from_run(runs["unisrec"])
+    for history in HISTORIES:
+        assert [r.item for r in rec.recommend(history, 5)] == [r.item for r in exact.recommend(history, 5)]
+    rec.add_items({"n1": "red glue"})
+    assert rec.recommend(["n1"], 3)
