@@ -7,7 +7,7 @@ STAMP := $(VENV)/.seqrec-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint typecheck unit clean
+.PHONY: setup demo serve-demo test lint typecheck unit clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,17 @@ demo: setup
 	$(VENV)/bin/seqrec data prepare ml-100k
 	$(VENV)/bin/seqrec train --dataset ml-100k --config configs/ml-100k-sasrec.toml --out runs/demo-ml-100k-sasrec
 	$(VENV)/bin/seqrec recommend runs/demo-ml-100k-sasrec --user 1 -k 10 --exclude-seen
+
+# The demo recipe with positions counted from the start, so that sessions keep a KV cache
+# (benchmarks/positions.py compares it with the default); the run is reused once trained.
+SERVE_RUN ?= runs/serve-demo-ml-100k-sasrec
+PORT ?= 8000
+serve-demo: setup
+	$(VENV)/bin/seqrec data fetch ml-100k
+	$(VENV)/bin/seqrec data prepare ml-100k
+	test -f $(SERVE_RUN)/results.json || $(VENV)/bin/seqrec train --dataset ml-100k \
+	  --config configs/ml-100k-sasrec.toml --set 'model.positions_from="start"' --out $(SERVE_RUN)
+	$(VENV)/bin/seqrec serve $(SERVE_RUN) --port $(PORT)
 
 lint: setup
 	$(VENV)/bin/ruff check seqrec tests benchmarks

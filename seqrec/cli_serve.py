@@ -28,6 +28,7 @@ def build_app(options: dict) -> object:
     if options.get("threads"):
         torch.set_num_threads(int(options["threads"]))
     rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"])
+    rec.text_encoder()  # text models: the encoder is ready before the first new item
     one = int(options.get("workers", 1)) == 1
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),

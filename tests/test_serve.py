@@ -206,3 +206,42 @@ def test_faiss_index_in_the_service(runs: dict[str, Path]) -> None:
         assert [r.item for r in rec.recommend(history, 5)] == [r.item for r in exact.recommend(history, 5)]
     rec.add_items({"n1": "red glue"})
     assert rec.recommend(["n1"], 3)
+
+
+def test_session_cache_follows_a_replaced_item_text(runs: dict[str, Path]) -> None:
+    rec = Recommender.from_run(runs["unisrec"])
+    client = TestClient(create_app(rec))
+    for item in ("i3", "i4"):
+        client.post("/sessions/s/events", json={"item": item})
+    rec.add_items({"i3": "large green saw"})  # i3's keys and values in the cache are stale now
+    got = client.post("/sessions/s/events", json={"item": "i5"}).json()
+    want = rec.recommend(["i3", "i4", "i5"], 10)
+    assert [r["item"] for r in got["recommendations"]] == [r.item for r in want]
+    assert [r["score"] for r in got["recommendations"]] == pytest.approx([r.score for r in want], abs=1e-5)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(runs: dict[str, Path]) -> None:
+    import asyncio
+
+    import httpx
+
+    rec = Recommender.from_run(runs["sasrec"])
+    app = create_app(rec)
+    bodies = [{"history": h, "k": k, "exclude_seen": ex} for h in HISTORIES for k in (1, 4, 9) for ex in (False, True)]
+    bodies.append({"history": ["i1"], "k": 30, "exclude_seen": True})  # 29 left: fewer than k is fine
+    bodies.append({"history": [f"i{i}" for i in range(30)], "k": 3, "exclude_seen": True})  # nothing left: 400
+    bodies.append({"history": ["zz"], "k": 3})  # a bad one among good ones fails alone
+
+    async def fire() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await asyncio.gather(*(client.post("/recommend", json=b) for b in bodies))
+
+    answers = asyncio.run(fire())
+    for body, got in zip(bodies[:-2], answers[:-2], strict=True):
+        assert got.status_code == 200, got.text
+        want = rec.recommend(body["history"], body["k"], exclude_seen=body["exclude_seen"])  # type: ignore[arg-type]
+        assert [r["item"] for r in got.json()["items"]] == [r.item for r in want]
+    assert answers[-2].status_code == 400 and "no item is left" in answers[-2].json()["error"]
+    assert answers[-1].status_code == 404
+    batcher = app.state.batcher
+    assert batcher.batched == len(bodies) - 1 and batcher.batches < batcher.batched  # some ran together

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from seqrec.errors import SeqrecError
+from seqrec.serve.batcher import Batcher
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
@@ -137,7 +138,9 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
                   description="Sequential recommendation: top-k next items for a history of raw item ids.")
     metrics = Metrics()
     sessions = Sessions(rec, max_sessions, session_events, session_ttl_s)
-    app.state.recommender, app.state.sessions, app.state.metrics = rec, sessions, metrics
+    batcher = Batcher(rec)  # all model work runs on its one thread; /recommend requests are batched
+    app.state.recommender, app.state.sessions, app.state.metrics, app.state.batcher = rec, sessions, metrics, batcher
+    app.router.on_shutdown.append(batcher.close)
     app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits())
 
     @app.exception_handler(UnknownItem)
@@ -164,13 +167,15 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.post("/recommend", response_model=RecommendResponse)
     async def recommend(req: RecommendRequest) -> RecommendResponse:
         """Top-k items for one history of raw item ids (most recent last)."""
-        recs = rec.recommend(req.history, req.k, exclude_seen=req.exclude_seen, times=req.times)
-        return RecommendResponse(items=_items(recs))
+        rec.check_k(req.k)
+        idx = rec.to_indices(req.history)
+        events = rec.history_events(len(idx), req.times, None)
+        return RecommendResponse(items=_items(await batcher.recommend(idx, events, req.k, req.exclude_seen)))
 
     @app.post("/recommend/batch", response_model=BatchResponse)
     async def recommend_batch(req: BatchRequest) -> BatchResponse:
         """Top-k for many histories in one forward pass."""
-        results = rec.recommend_many(req.histories, req.k, exclude_seen=req.exclude_seen)
+        results = await batcher.run(rec.recommend_many, req.histories, req.k, req.exclude_seen)
         return BatchResponse(results=[_items(r) for r in results])
 
     @app.post("/items", response_model=ItemsResponse)
@@ -206,21 +211,21 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def similar(item_id: Annotated[str, Path(max_length=256)],
                       k: Annotated[int, Query(ge=1, le=1000)] = 10) -> RecommendResponse:
         """The items the model scores highest for a state equal to this item's vector."""
-        return RecommendResponse(items=_items(rec.similar(item_id, k)))
+        return RecommendResponse(items=_items(await batcher.run(rec.similar, item_id, k)))
 
     @app.post("/sessions/{session_id}/events", response_model=SessionResponse)
     async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128)],
                         req: EventRequest) -> SessionResponse:
         """Append one event to a server-side session (created on its first event); returns the new top-k."""
         _sessions_on(sessions_enabled)
-        return _session(sessions.add_event(session_id, req.item, req.k, req.exclude_seen))
+        return _session(await batcher.run(sessions.add_event, session_id, req.item, req.k, req.exclude_seen))
 
     @app.get("/sessions/{session_id}", response_model=SessionResponse)
     async def get_session(session_id: Annotated[str, Path(min_length=1, max_length=128)],
                           k: Annotated[int, Query(ge=1, le=1000)] = 10) -> SessionResponse:
         _sessions_on(sessions_enabled)
         try:
-            return _session(sessions.view(session_id, k))
+            return _session(await batcher.run(sessions.view, session_id, k))
         except KeyError:
             raise HTTPException(404, f"no session {session_id!r} (it may have expired)") from None
 
@@ -238,7 +243,9 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
-        return metrics.render({"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions)})
+        return metrics.render({"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions),
+                               "seqrec_recommend_batches_total": batcher.batches,
+                               "seqrec_recommend_batched_requests_total": batcher.batched})
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:

@@ -35,6 +35,7 @@ class Catalogue:
         self.raw_ids, self.titles = list(raw_ids), list(titles)
         self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
         self.removed: set[int] = set()
+        self.generation = 0  # counts replacements of existing items' vectors (caches of them go stale)
         self._vectors, self._bias = vectors.detach().float().clone(), None if bias is None else bias.detach().float()
         self._n = len(self.raw_ids)
         self.retriever = self._build(index, dict(index_options))
@@ -111,6 +112,7 @@ class Catalogue:
             for i, title in zip(ids, titles, strict=True):
                 self.titles[i - 1] = title
             self.retriever.update(list(ids), vectors, None if self._bias is None else self._bias[at])
+            self.generation += 1
             back = [i for i in ids if i in self.removed]
             if back:
                 self.retriever.restore(back)

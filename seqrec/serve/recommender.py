@@ -98,12 +98,10 @@ class Recommender:
             raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
         if not texts:
             raise SeqrecError("no items given")
-        from seqrec.data.text import encode_texts, load_text_encoder
+        from seqrec.data.text import encode_texts
 
         options = self.model.config.text_options()  # type: ignore[union-attr,operator]
-        if self._text_encoder is None:
-            self._text_encoder = load_text_encoder(options)
-        text_vectors = encode_texts(list(texts.values()), options, encoder=self._text_encoder)
+        text_vectors = encode_texts(list(texts.values()), options, encoder=self.text_encoder())
         device = self.catalogue.vectors.device
         cat, model = self.catalogue, self.model
         with cat.lock, torch.no_grad():
@@ -119,6 +117,14 @@ class Recommender:
                                    device=device)
                 cat.append([raws[i] for i in new], [values[i] for i in new], model.item_vectors(ids), None)
         return [cat.index[raw] for raw in raws]
+
+    def text_encoder(self) -> Any:
+        """The run's frozen text encoder, loaded once (a service loads it at start, not on the first item)."""
+        if self._text_encoder is None and self.takes_text:
+            from seqrec.data.text import load_text_encoder
+
+            self._text_encoder = load_text_encoder(self.model.config.text_options())  # type: ignore[union-attr,operator]
+        return self._text_encoder
 
     def remove_items(self, raws: Sequence[str]) -> None:
         """Stop recommending these items (they stay known, so histories may still hold them)."""
@@ -160,26 +166,40 @@ class Recommender:
     # -- top-k ---------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def top_k(self, states: torch.Tensor, windows: torch.Tensor, k: int,
-              exclude: Sequence[Sequence[int]] | None = None) -> list[list[Recommendation]]:
-        """Best k per state (B, D); `windows` (B, L) the items each state has seen (for the history bias),
-        `exclude` item indices never returned per row (e.g. the whole history)."""
-        self._check_k(k)
+    def top_k(self, states: torch.Tensor, windows: torch.Tensor, k: int | Sequence[int],
+              exclude: Sequence[Sequence[int] | None] | None = None) -> list[list[Recommendation]]:
+        """Best k per state (B, D), in one search; `windows` (B, L) the items each state has seen (for
+        the history bias); `k` one for all rows or one per row; `exclude` per row, item indices never
+        returned (e.g. the whole history) or None."""
+        ks = [k] * len(states) if isinstance(k, int) else list(k)
+        for kk in ks:
+            self.check_k(kk)
+        excl = list(exclude) if exclude is not None else [None] * len(states)
         offsets = self.model.history_offsets(windows)
-        excl = [list(e) for e in exclude] if exclude is not None else [[] for _ in range(len(states))]
-        if offsets is None or exclude is not None:
-            values, ids = self.catalogue.retriever.search(states, k, exclude=excl if exclude is not None else None)
-            return [self._results(v.tolist(), i.tolist()) for v, i in zip(values, ids, strict=True)]
+        seen: list[torch.Tensor | None] = [None] * len(states)  # rows whose window items are scored exactly
+        search_excl = []
+        for r, row in enumerate(excl):
+            if row is not None:
+                search_excl.append(list(row))
+            elif offsets is not None:
+                window = torch.unique(windows[r][windows[r] != 0])
+                seen[r] = window
+                search_excl.append(window.tolist())
+            else:
+                search_excl.append([])
+        values, ids = self.catalogue.retriever.search(states, max(ks), exclude=search_excl if any(search_excl)
+                                                      else None)
         out = []
-        for row in range(len(states)):  # the window's items are scored exactly, with their offsets
-            seen = torch.unique(windows[row][windows[row] != 0])
-            values, ids = self.catalogue.retriever.search(states[row : row + 1], k, exclude=[seen.tolist()])
-            exact = self._exact(states[row], seen) + (windows[row][None, :] == seen[:, None]).float() @ offsets[row]
-            alive = torch.tensor([self.catalogue.is_active(int(i)) for i in seen], dtype=torch.bool)
-            merged = torch.cat([values[0].float(), exact[alive.to(exact.device)]])
-            merged_ids = torch.cat([ids[0], seen[alive.to(seen.device)]])
-            top = torch.topk(merged, min(k, len(merged)))
-            out.append(self._results(top.values.tolist(), merged_ids[top.indices].tolist()))
+        for r in range(len(states)):
+            v, i = values[r].float(), ids[r]
+            s = seen[r]
+            if s is not None and offsets is not None:  # merge the window's items, scored with their offsets
+                alive = torch.tensor([self.catalogue.is_active(int(x)) for x in s], dtype=torch.bool, device=s.device)
+                exact = self._exact(states[r], s) + (windows[r][None, :] == s[:, None]).float() @ offsets[r].float()
+                v, i = torch.cat([v, exact[alive].to(v.device)]), torch.cat([i, s[alive].to(i.device)])
+                top = torch.topk(v, min(ks[r], len(v)))
+                v, i = top.values, i[top.indices]
+            out.append(self._results(v[: ks[r]].tolist(), i[: ks[r]].tolist()))
         return out
 
     def _exact(self, state: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -188,7 +208,7 @@ class Recommender:
         scores = self.catalogue.vectors[ids] @ state.float()
         return scores if bias is None else scores + bias[ids]
 
-    def _check_k(self, k: int) -> None:
+    def check_k(self, k: int) -> None:
         if not 1 <= k <= self.catalogue.n_active:
             raise SeqrecError(f"k={k} must be between 1 and the number of recommendable items "
                               f"({self.catalogue.n_active})")
@@ -206,30 +226,38 @@ class Recommender:
         """Top-k raw item ids (most recent history item last), best first; only `candidates` when given.
 
         `times` (seconds) and `events` (name -> one value per history item) feed event features."""
-        self._check_k(k)
+        self.check_k(k)
         if not history:
             raise SeqrecError("the history is empty; give at least one item id")
         idx = self.to_indices(history)
         ev = self.history_events(len(idx), times, events)
+        if candidates is None:
+            return self.recommend_indices([idx], [ev], [k], [exclude_seen])[0]
         states, batch = self.encode([idx], [ev] if ev else None)
-        if candidates is not None:
-            return self._rank_candidates(states[0], batch.items, idx,
-                                         self.catalogue.lookup(candidates, " in candidates"), k, exclude_seen)
-        recs = self.top_k(states, batch.items, k, [idx] if exclude_seen else None)[0]
-        if not recs:
-            raise SeqrecError("no item is left to recommend after excluding the history")
-        return recs
+        return self._rank_candidates(states[0], batch.items, idx, self.catalogue.lookup(candidates, " in candidates"),
+                                     k, exclude_seen)
 
     @torch.no_grad()
     def recommend_many(self, histories: Sequence[Sequence[str]], k: int = 10,
                        exclude_seen: bool = False) -> list[list[Recommendation]]:
         """`recommend` for many histories in one forward pass."""
-        self._check_k(k)
+        self.check_k(k)
         if not histories or any(not h for h in histories):
             raise SeqrecError("every history needs at least one item id")
         idx = [self.to_indices(h) for h in histories]
-        states, batch = self.encode(idx)
-        return self.top_k(states, batch.items, k, idx if exclude_seen else None)
+        return self.recommend_indices(idx, None, [k] * len(idx), [exclude_seen] * len(idx))
+
+    @torch.no_grad()
+    def recommend_indices(self, histories: Sequence[list[int]], events: Sequence[dict[str, np.ndarray]] | None,
+                          ks: Sequence[int], exclude_seen: Sequence[bool]) -> list[list[Recommendation]]:
+        """The batched core of `recommend`: item-index histories (checked), their event values (or None),
+        and per row its k and whether to exclude its history. One forward pass, one search."""
+        states, batch = self.encode(histories, events if events and events[0] else None)
+        recs = self.top_k(states, batch.items, ks, [h if ex else None for h, ex in zip(histories, exclude_seen,
+                                                                                         strict=True)])
+        if any(not r for r in recs):
+            raise SeqrecError("no item is left to recommend after excluding the history")
+        return recs
 
     def _rank_candidates(self, state: torch.Tensor, window: torch.Tensor, history: list[int],
                          candidates: list[int], k: int, exclude_seen: bool) -> list[Recommendation]:
@@ -249,7 +277,7 @@ class Recommender:
     @torch.no_grad()
     def similar(self, item: str, k: int = 10) -> list[Recommendation]:
         """The k items the model scores highest for a state equal to this item's vector (the item excluded)."""
-        self._check_k(k)
+        self.check_k(k)
         (idx,) = self.catalogue.lookup([item])
         query = self.catalogue.vectors[idx : idx + 1]
         values, ids = self.catalogue.retriever.search(query, k, exclude=[[idx]])

@@ -32,8 +32,8 @@ class SessionLimit(SeqrecError):
 @dataclass
 class Session:
     items: list[int] = field(default_factory=list)
-    cache: Any = None  # the model's cache of `items` (None: empty or not cacheable)
-    cached: bool = True  # whether `cache` covers every item so far
+    cache: Any = None  # the model's cache of `items` (None: empty, not cacheable, or dropped)
+    generation: int = 0  # the catalogue's generation the cache was computed under
     touched: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -49,8 +49,9 @@ class SessionView:
 
 class Sessions:
     def __init__(self, recommender: Recommender, max_sessions: int = 10_000, max_events: int = 1_000,
-                 ttl_s: float = 1800.0) -> None:
-        self.rec = recommender
+                 ttl_s: float = 1800.0, kv_cache: bool = True) -> None:
+        """`kv_cache=False` re-encodes the history at every event (what a service without one does)."""
+        self.rec, self.kv_cache = recommender, kv_cache
         self.max_sessions, self.max_events, self.ttl_s = max_sessions, max_events, ttl_s
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
@@ -90,7 +91,7 @@ class Sessions:
         session = self._get(sid, create=False)
         with session.lock:
             if not session.items:
-                return SessionView(sid, 0, [], [], session.cached)
+                return SessionView(sid, 0, [], [], False)
             states, batch = self.rec.encode([session.items])
             return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
 
@@ -98,26 +99,29 @@ class Sessions:
     def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
         """Append one event (a raw item id) to the session (created if new) -> the new top-k."""
         (idx,) = self.rec.to_indices([item])
-        self.rec._check_k(k)
+        self.rec.check_k(k)
         session = self._get(sid, create=True)
         with session.lock:
             if len(session.items) >= self.max_events:
                 raise SessionLimit(f"session {sid!r} has reached {self.max_events} events; start a new one")
             session.items.append(idx)
-            model, device = self.rec.model, self.rec.catalogue.vectors.device
-            use_cache = session.cached and model.can_extend() and len(session.items) <= self.rec.max_len
-            if use_cache:
-                state, session.cache = model.extend(torch.tensor([[idx]], device=device), session.cache)
-                window = torch.tensor([session.items], device=device)
-                states = state
-            else:
-                session.cache, session.cached = None, False
+            model, cat = self.rec.model, self.rec.catalogue
+            device = cat.vectors.device
+            if not (self.kv_cache and model.can_extend() and len(session.items) <= self.rec.max_len):
+                session.cache = None  # beyond max_len the window slides: every position moves
                 states, batch = self.rec.encode([session.items])
-                window = batch.items
-            return self._answer(sid, session, states, window, k, exclude_seen, use_cache)
+                return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
+            # an item's text replaced since the cache was made changes its keys and values: rebuild
+            fresh = session.cache is not None and session.generation == cat.generation
+            new = [idx] if fresh else session.items
+            session.generation = cat.generation
+            states, session.cache = model.extend(torch.tensor([new], device=device),
+                                                 session.cache if fresh else None)
+            window = torch.tensor([session.items], device=device)
+            return self._answer(sid, session, states, window, k, exclude_seen, fresh or len(session.items) == 1)
 
     def _answer(self, sid: str, session: Session, states: torch.Tensor, window: torch.Tensor, k: int,
                 exclude_seen: bool, cached: bool) -> SessionView:
-        recs = self.rec.top_k(states, window, k, [session.items] if exclude_seen else None)[0]
+        recs = self.rec.top_k(states, window, k, [session.items if exclude_seen else None])[0]
         raw = self.rec.catalogue.raw_ids
         return SessionView(sid, len(session.items), [raw[i - 1] for i in session.items], recs, cached)

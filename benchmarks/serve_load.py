@@ -1,0 +1,232 @@
+"""The service under load on this machine: `seqrec serve` with a 100k-item catalogue, driven over
+loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of requests, a time cap).
+
+    recommend   p50/p99 latency and requests/s of POST /recommend at concurrency 1, 8 and 32
+                (SASRec, d 64, 2 blocks, histories of 5-50 items, exact top-10 over 100k items)
+    live        1,000 items added by text (POST /items, one each, encoded by the packaged MiniLM)
+                to a UniSRec service while /recommend load runs at concurrency 8: failed requests,
+                and the time from each POST until the item is returned by the index (GET /similar of
+                the catalogue item whose text it copies: the same text is the same vector)
+    sessions    time per session event with the KV cache against re-encoding the history, at
+                history length 10, 50 and 200 (in process, 1 thread, top-10 over 100k items)
+
+The models have random weights: latency does not depend on what they learned. The server runs
+with 1 torch thread so that the load generator has the other core.
+
+    python benchmarks/serve_load.py            # -> benchmarks/results/serve_load.json
+    python benchmarks/serve_load.py --tiny     # seconds; what the test suite runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
+from benchmarks.loadgen import call, request_bytes, run_load
+from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.models.unisrec import UniSRec, UniSRecConfig
+from seqrec.serve import Recommender
+from seqrec.serve.sessions import Sessions
+from seqrec.train.checkpoint import save_checkpoint
+
+
+def item_table(n: int, titles: list[str]) -> pl.DataFrame:
+    named = titles + [f"catalogue item {i}" for i in range(len(titles), n)]
+    return pl.DataFrame({"idx": np.arange(1, n + 1), "item": [f"i{i}" for i in range(1, n + 1)], "title": named[:n]})
+
+
+def real_titles(n: int) -> list[str]:
+    """Up to n real item titles (Amazon Games 2018), or generated ones when the data is absent."""
+    path = SHARED_DATA / "amazon-games-2018" / "Games.item"
+    if path.is_file():
+        frame = pl.read_csv(path, separator="\t", quote_char=None)
+        return [t for t in frame[frame.columns[1]].cast(pl.Utf8).to_list() if t][:n]
+    return [f"generated title number {i} blue red tool" for i in range(n)]
+
+
+def build_sasrec(dest: Path, n_items: int, max_len: int) -> None:
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(d=64, n_layers=2, n_heads=2, positions_from="start"), n_items, max_len).eval()
+    save_checkpoint(model, dest, max_len=max_len, item_table=item_table(n_items, []))
+
+
+def build_unisrec(dest: Path, n_items: int, titles: list[str]) -> None:
+    """A UniSRec whose first items carry real titles encoded by the packaged MiniLM; the rest random text vectors."""
+    from seqrec.data.text import encode_texts
+
+    cfg = UniSRecConfig(d=64, n_layers=2, n_heads=2, positions_from="start")
+    torch.manual_seed(0)
+    text = torch.randn(n_items + 1, cfg.text_dim) * 0.05
+    text[1 : len(titles) + 1] = encode_texts(titles, cfg.text_options())
+    text[0] = 0
+    model = UniSRec(cfg, n_items, 50, text).eval()
+    save_checkpoint(model, dest, max_len=50, item_table=item_table(n_items, titles))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """`seqrec serve RUN` in a subprocess on a free loopback port, logging to a file."""
+
+    def __init__(self, run: Path, log: Path, threads: int = 1) -> None:
+        self.port = free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        self.log = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
+                                      "--threads", str(threads)], stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=ROOT)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if asyncio.run(call("127.0.0.1", self.port, "GET", "/health"))[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise SystemExit(f"the service did not start; see {log}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 51, n)
+    items = np.minimum(rng.zipf(1.2, lengths.sum()), n_items)  # popular items recur, as in real logs
+    cuts = np.split(items, np.cumsum(lengths)[:-1])
+    return [[f"i{i}" for i in h] for h in cuts]
+
+
+def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float) -> dict[str, Any]:
+    server = Server(run, WORK / "serve" / "recommend.log")
+    try:
+        bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
+        asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
+        out = {}
+        for c in (1, 8, 32):
+            out[str(c)] = asyncio.run(run_load("127.0.0.1", server.port, bodies, c, n_requests, cap)).summary()
+            print(f"/recommend concurrency {c}: {out[str(c)]}", flush=True)
+        return out
+    finally:
+        server.stop()
+
+
+async def _live(port: int, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float
+                ) -> dict[str, Any]:
+    bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items, 1)]
+    done = False
+    load = asyncio.create_task(run_load("127.0.0.1", port, bodies, 8, n_requests, cap, stop=lambda: done))
+    visible, post_ms, failures = [], [], 0
+    for j in range(n_add):
+        twin = j % len(titles) + 1  # the catalogue item whose text the new item copies
+        t_sent = time.perf_counter()
+        status, _ = await call("127.0.0.1", port, "POST", "/items",
+                               {"items": [{"id": f"new{j}", "text": titles[twin - 1]}]})
+        t0 = time.perf_counter()  # visibility is timed from the POST's answer
+        post_ms.append((t0 - t_sent) * 1e3)
+        failures += status != 200
+        while time.perf_counter() - t0 < 5:
+            status, found = await call("127.0.0.1", port, "GET", f"/similar/i{twin}?k=5")
+            if status == 200 and f"new{j}" in [r["item"] for r in found["items"]]:  # type: ignore[index]
+                visible.append(time.perf_counter() - t0)
+                break
+        else:
+            visible.append(float("inf"))
+    done = True
+    result = (await load).summary()
+    v = np.array(visible)
+    return {"added": n_add, "add_failures": failures, "post_ms_p50": float(np.median(post_ms)),
+            "post_ms_p99": float(np.percentile(post_ms, 99)), "visible_s_p50": float(np.median(v)),
+            "visible_s_max": float(v.max()), "visible_within_1s": int((v <= 1.0).sum()),
+            "load_during_adds": result}
+
+
+def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float
+               ) -> dict[str, Any]:
+    server = Server(run, WORK / "serve" / "live.log")
+    try:
+        out = asyncio.run(_live(server.port, n_items, titles, n_add, n_requests, cap))
+        print(f"live catalogue: {out}", flush=True)
+        return out
+    finally:
+        server.stop()
+
+
+def bench_sessions(n_items: int, lengths: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """Per event at history length L: the cached step against re-encoding the L items (both + top-10)."""
+    torch.set_num_threads(1)
+    max_len = max(lengths)
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(d=64, n_layers=2, n_heads=2, positions_from="start"), n_items, max_len).eval()
+    rec = Recommender(model, item_table(n_items, []), max_len)
+    stores = {"kv_cache": Sessions(rec), "re_encode": Sessions(rec, kv_cache=False)}
+    rng = np.random.default_rng(0)
+    out = {}
+    for L in lengths:
+        times: dict[str, list[float]] = {"kv_cache": [], "re_encode": []}
+        for r in range(repeats):
+            events = [f"i{i}" for i in rng.integers(1, n_items + 1, L)]
+            for mode in times:
+                sessions, sid = stores[mode], f"{L}-{r}"
+                for item in events[:-1]:
+                    sessions.add_event(sid, item)
+                t0 = time.perf_counter()
+                view = sessions.add_event(sid, events[-1])
+                times[mode].append(time.perf_counter() - t0)
+                assert view.cached == (mode == "kv_cache")
+                sessions.end(sid)
+        row = {m: float(np.median(v)) * 1e3 for m, v in times.items()}
+        row["speedup"] = row["re_encode"] / row["kv_cache"]
+        out[str(L)] = row
+        print(f"session event at length {L}: {row}", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="a 2,000-item catalogue and a few requests (seconds)")
+    p.add_argument("--out", type=Path, help="results file (default benchmarks/results/serve_load[_tiny].json)")
+    args = p.parse_args()
+    n_items = 2_000 if args.tiny else 100_000
+    n_requests, cap = (200, 20.0) if args.tiny else (4_000, 60.0)
+    n_add = 20 if args.tiny else 1_000
+    work = WORK / "serve"
+    titles = real_titles(50 if args.tiny else 1_000)
+    sasrec_run, unisrec_run = work / f"sasrec-{n_items}", work / f"unisrec-{n_items}"
+    build_sasrec(sasrec_run, n_items, 50)
+    build_unisrec(unisrec_run, n_items, titles)
+    results = {"machine": machine(), "n_items": n_items, "tiny": args.tiny,
+               "setup": "seqrec serve, 1 torch thread, exact top-10; loopback load generator (benchmarks/loadgen.py)",
+               "recommend": bench_recommend(sasrec_run, n_items, n_requests, cap),
+               "live": bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0),
+               "sessions": bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200), 3 if args.tiny else 20)}
+    out = args.out or RESULTS / ("serve_load_tiny.json" if args.tiny else "serve_load.json")
+    write_result(out, results)
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
