@@ -2,29 +2,64 @@
 
 A checkpoint folder is self-contained: loading it needs no other file.
     model.safetensors   weights (tied tensors stored once)
-    model.json          model name, its config, n_items, max_len, dataset fingerprint, and the fitted
-                        side-feature schema (vocabularies, normalisation statistics) when there is one
+    model.json          model name, its config, n_items, max_len, dataset fingerprint, the fitted
+                        side-feature schema (vocabularies, normalisation statistics) when there is one,
+                        and `files`: {name: {"sha256", "bytes"}} of every other file of the folder
     items.parquet       idx -> raw item id and item fields (title, ...), for serving
+
+Loading checks every file against its size and sha256 first, so a truncated or damaged file is a
+one-line `SeqrecError` naming it rather than a deserialisation traceback (or, worse, weights that
+load and are wrong). Checkpoints written before the hashes existed still load: their files are only
+checked for being readable (safetensors header, parquet footer).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow.parquet as pq
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from seqrec import __version__
 from seqrec.config import build
 from seqrec.data.features import FeatureInputs
-from seqrec.data.io import atomic_dir, read_json
+from seqrec.data.io import atomic_dir
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.registry import build_model, model_config_class
+
+log = logging.getLogger(__name__)
+
+META = "model.json"
+WEIGHTS = "model.safetensors"
+REQUIRED_KEYS = ("model", "config", "n_items", "max_len")
+CHUNK = 1 << 20  # bytes hashed at a time: memory stays flat whatever the file size
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """{"sha256": hex digest, "bytes": size} of a file, read in chunks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return {"sha256": h.hexdigest(), "bytes": size}
+
+
+def folder_digests(folder: Path, skip: tuple[str, ...] = (META,)) -> dict[str, dict[str, Any]]:
+    """`file_digest` of every file under `folder` (relative posix path -> digest), but `skip`."""
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
+    return {p.relative_to(folder).as_posix(): file_digest(p) for p in files
+            if p.relative_to(folder).as_posix() not in skip}
 
 
 def save_checkpoint(model: SequentialModel, dest: Path, *, max_len: int, item_table: pl.DataFrame,
@@ -40,20 +75,105 @@ def save_checkpoint(model: SequentialModel, dest: Path, *, max_len: int, item_ta
     if model.feature_block is not None:
         meta["features"] = FeatureInputs(model.feature_block.fitted, model.feature_block.fusion).to_json()
     with atomic_dir(Path(dest)) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))
-        (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+        save_model(model, str(tmp / WEIGHTS))
         item_table.write_parquet(tmp / "items.parquet")
+        meta["files"] = folder_digests(tmp)  # model.json last: it vouches for what is already written
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """model.json of a checkpoint folder, checked for the keys loading needs."""
+    file = Path(path) / META
+    if not file.is_file():
+        raise SeqrecError(f"{path}: not a checkpoint (no {META})")
+    try:
+        meta = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SeqrecError(f"{file}: corrupt checkpoint metadata (not valid JSON: {exc})") from None
+    if not isinstance(meta, dict):
+        raise SeqrecError(f"{file}: corrupt checkpoint metadata (expected a JSON object)")
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise SeqrecError(f"{file}: corrupt checkpoint metadata (missing {', '.join(missing)})")
+    if not isinstance(meta["config"], dict) or not all(isinstance(meta[k], int) for k in ("n_items", "max_len")):
+        raise SeqrecError(f"{file}: corrupt checkpoint metadata (config must be an object, "
+                          "n_items and max_len integers)")
+    files = meta.get("files")
+    if files is not None and not (isinstance(files, dict) and all(
+            isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int)
+            for v in files.values())):
+        raise SeqrecError(f"{file}: corrupt checkpoint metadata (files must map names to sha256 and bytes)")
+    return meta
+
+
+def check_files(path: Path, files: dict[str, dict[str, Any]]) -> None:
+    """Every listed file exists with its recorded size and sha256 (sizes first: they cost nothing)."""
+    path = Path(path)
+    for name in files:
+        if not (path / name).is_file():
+            raise SeqrecError(f"{path / name}: missing from the checkpoint (listed in {META})")
+    for name, want in files.items():
+        size = (path / name).stat().st_size
+        if size != want["bytes"]:
+            raise SeqrecError(f"{path / name}: corrupt or truncated checkpoint file "
+                              f"(expected {want['bytes']} bytes, found {size})")
+    for name, want in files.items():
+        found = file_digest(path / name)["sha256"]
+        if found != want["sha256"]:
+            raise SeqrecError(f"{path / name}: corrupt checkpoint file (expected sha256 {want['sha256'][:12]}..., "
+                              f"found {found[:12]}...)")
+
+
+def check_readable(path: Path) -> None:
+    """For checkpoints without hashes: the weights' header and the item table's footer parse."""
+    path = Path(path)
+    try:
+        with safe_open(str(path / WEIGHTS), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise SeqrecError(f"{path / WEIGHTS}: corrupt or truncated checkpoint file ({one_line(exc)})") from None
+    if (path / "items.parquet").exists():
+        try:
+            pq.read_metadata(path / "items.parquet")
+        except (OSError, ValueError) as exc:
+            raise SeqrecError(f"{path / 'items.parquet'}: corrupt or truncated checkpoint file "
+                              f"({one_line(exc)})") from None
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _verify(path: Path) -> dict[str, Any]:
+    meta = read_meta(path)
+    if "files" in meta:
+        check_files(path, meta["files"])
+    else:
+        log.debug("%s: checkpoint without file hashes (written before they were stored); not hash-checked", path)
+        check_readable(path)
+    return meta
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise `SeqrecError` (one line, naming the file) unless the checkpoint folder `path` is intact:
+    model.json valid, every file it lists at its recorded size and sha256 (older checkpoints without
+    hashes: the files parse)."""
+    _verify(Path(path))
 
 
 def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[SequentialModel, dict[str, Any]]:
     path = Path(path)
-    if not (path / "model.json").is_file():
-        raise SeqrecError(f"{path}: not a checkpoint (no model.json)")
-    meta = read_json(path / "model.json")
+    meta = _verify(path)
     config = build(model_config_class(meta["model"]), meta["config"], "model")
     features = FeatureInputs.from_json(meta["features"]) if "features" in meta else None
     model = build_model(config, int(meta["n_items"]), int(meta["max_len"]), features)
-    load_model(model, str(path / "model.safetensors"), device=str(device))
+    try:
+        load_model(model, str(path / WEIGHTS), device=str(device))
+    except (SafetensorError, OSError) as exc:
+        raise SeqrecError(f"{path / WEIGHTS}: corrupt or truncated checkpoint file ({one_line(exc)})") from None
+    except RuntimeError as exc:  # the tensors do not fit the model model.json describes
+        raise SeqrecError(f"{path / WEIGHTS}: does not match the model in {META} ({one_line(exc)})") from None
     model.to(device)
     model.eval()
     return model, meta

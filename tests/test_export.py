@@ -1,0 +1,199 @@
+"""ONNX export: the exported encoder + item table reproduce PyTorch states and `Recommender` top-10 exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from seqrec.data.batching import TrainBatches, history_batch
+from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
+from seqrec.registry import MODELS
+from seqrec.serve import Recommender
+from seqrec.serve.export import export_run, verify_export
+from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
+from tests.test_models import make
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+MAX_LEN = 8
+EXPORTED = [  # every registered model, and the options that change the exported graph or scoring
+    ("sasrec", {}),
+    ("sasrec", {"history_bias": True, "tied": False, "output_bias": False}),
+    ("bert4rec", {}),
+    ("gru4rec", {}),
+    ("gru4rec", {"history_bias": True}),
+    ("unisrec", {"history_bias": True}),
+    ("item2vec", {}),
+]
+SHARED_DATA = Path(os.environ.get("SEQREC_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+
+
+def test_every_registered_model_is_exported() -> None:
+    assert {name for name, _ in EXPORTED} == set(MODELS)
+
+
+def trained_checkpoint(name: str, extra: dict[str, Any], data: PreparedDataset, dest: Path) -> Path:
+    """A few epochs on the tiny set, so that scores are spread out (no near ties in a top-10)."""
+    model = make(name, extra, n_items=data.n_items, max_len=MAX_LEN)
+    model.fit_data(data)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2 if name == "item2vec" else 1e-2)
+    batches = model.train_batches(data, MAX_LEN, 16, 0) or TrainBatches(data, MAX_LEN, 16, seed=0)
+    for _ in range(3):
+        for batch in batches:
+            opt.zero_grad()
+            model.loss(batch).backward()
+            opt.step()
+    if model.history is not None:  # learned offsets start at 0: make them matter
+        with torch.no_grad():
+            model.history.theta.copy_(torch.linspace(-0.3, 0.2, MAX_LEN))
+    save_checkpoint(model.eval(), dest, max_len=MAX_LEN, item_table=data.item_table)
+    return dest
+
+
+def onnx_top_k(export: Path, histories: list[list[int]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(states, top-k indices) from the exported files alone, by the manifest's scoring rule."""
+    manifest = json.loads((export / "manifest.json").read_text())
+    session = ort.InferenceSession(str(export / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    tensors = safetensors_numpy.load_file(str(export / "items.safetensors"))
+    max_len = manifest["max_len"]
+    width = max(min(len(h), max_len) for h in histories)
+    items = np.zeros((len(histories), width), dtype=np.int64)  # left-padded, most recent last
+    for row, h in enumerate(histories):
+        tail = h[-max_len:]
+        items[row, width - len(tail):] = tail
+    outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"items": items}), strict=True))
+    scores = outputs["state"] @ tensors["item_vectors"].T
+    if "item_bias" in tensors:
+        scores = scores + tensors["item_bias"]
+    if "history_offsets" in outputs:
+        for row in range(len(histories)):
+            np.add.at(scores[row], items[row], outputs["history_offsets"][row])
+    scores[:, 0] = -np.inf
+    return outputs["state"], np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+def user_histories(data: PreparedDataset, n: int, min_len: int = 1) -> list[list[int]]:
+    """Up to n training-part histories (item indices), of assorted lengths."""
+    rng = np.random.default_rng(0)
+    histories = []
+    for u in range(len(data.lengths)):
+        seq = data.items[data.offsets[u] : data.offsets[u + 1]].astype(int).tolist()
+        cut = int(rng.integers(min(min_len, len(seq)), len(seq) + 1))
+        if cut:
+            histories.append(seq[:cut])
+    return histories[:n]
+
+
+def assert_same_as_pytorch(ckpt: Path, export: Path, histories: list[list[int]], atol: float = 1e-4) -> None:
+    model, meta = load_checkpoint(ckpt)
+    states, top = onnx_top_k(export, histories, 10)
+    with torch.no_grad():
+        ref = model.encode(history_batch(histories, int(meta["max_len"]))).numpy()
+    np.testing.assert_allclose(states, ref, rtol=0, atol=atol)
+    rec = Recommender.from_run(ckpt)
+    ids = json.loads((export / "manifest.json").read_text())["item_ids"]
+    for h, row in zip(histories, top, strict=True):
+        expected = [r.item for r in rec.recommend([ids[i] for i in h], 10)]
+        assert [ids[i] for i in row] == expected
+
+
+@pytest.mark.parametrize(("name", "extra"), EXPORTED)
+def test_onnx_matches_pytorch(name: str, extra: dict[str, Any], tiny_dataset: PreparedDataset,
+                              tmp_path: Path) -> None:
+    ckpt = trained_checkpoint(name, extra, tiny_dataset, tmp_path / "run" / "checkpoint")
+    manifest = export_run(tmp_path / "run", tmp_path / "export")
+    out = tmp_path / "export"
+    assert sorted(p.name for p in out.iterdir()) == ["encoder.onnx", "items.parquet", "items.safetensors",
+                                                     "manifest.json"]
+    assert manifest == json.loads((out / "manifest.json").read_text()) == verify_export(out)
+    assert manifest["model"] == name and manifest["max_len"] == MAX_LEN and manifest["n_items"] == 30
+    assert manifest["exporter"] in ("dynamo", "torchscript") and manifest["opset"] >= 11
+    has_history = bool(extra.get("history_bias"))
+    outputs = [o["name"] for o in manifest["encoder"]["outputs"]]
+    assert outputs == (["state", "history_offsets"] if has_history else ["state"])
+    onnx.checker.check_model(str(out / "encoder.onnx"))
+    assert [o.name for o in ort.InferenceSession(str(out / "encoder.onnx")).get_outputs()] == outputs
+    assert ("item_bias" in manifest["items"]["tensors"]) == (load_checkpoint(ckpt)[0].item_bias() is not None)
+    assert manifest["item_ids"][1:] == tiny_dataset.item_table.sort("idx")["item"].to_list()
+    assert_same_as_pytorch(ckpt, out, user_histories(tiny_dataset, 60))
+
+
+def test_history_offsets_change_the_ranking(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """The offsets output is not decoration: ignoring it gives other top-10s (so the parity test can fail)."""
+    trained_checkpoint("sasrec", {"history_bias": True}, tiny_dataset, tmp_path / "ckpt")
+    export_run(tmp_path / "ckpt", tmp_path / "export")
+    histories = user_histories(tiny_dataset, 30, min_len=4)
+    _, with_offsets = onnx_top_k(tmp_path / "export", histories, 10)
+    tensors = safetensors_numpy.load_file(str(tmp_path / "export" / "items.safetensors"))
+    session = ort.InferenceSession(str(tmp_path / "export" / "encoder.onnx"))
+    items = history_batch(histories, MAX_LEN).items.numpy()
+    scores = session.run(["state"], {"items": items})[0] @ tensors["item_vectors"].T + tensors["item_bias"]
+    scores[:, 0] = -np.inf
+    assert not np.array_equal(np.argsort(-scores, axis=1, kind="stable")[:, :10], with_offsets)
+
+
+def test_export_replaces_dest_atomically_and_detects_damage(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "ckpt")
+    dest = tmp_path / "export"
+    dest.mkdir()
+    (dest / "stale.txt").write_text("from an earlier export")
+    export_run(tmp_path / "ckpt", dest, opset=18)
+    assert not (dest / "stale.txt").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    assert verify_export(dest)["opset"] == 18
+    data = bytearray((dest / "items.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (dest / "items.safetensors").write_bytes(bytes(data))
+    with pytest.raises(SeqrecError, match=r"items\.safetensors"):
+        verify_export(dest)
+
+
+def test_refusals(tiny_dataset: PreparedDataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = trained_checkpoint("gru4rec", {}, tiny_dataset, tmp_path / "ckpt")
+    with pytest.raises(SeqrecError, match="unknown export format 'tflite'"):
+        export_run(ckpt, tmp_path / "out", format="tflite")
+    with pytest.raises(SeqrecError, match="no checkpoint found"):
+        export_run(tmp_path / "nowhere", tmp_path / "out")
+
+    def with_features(path: Path, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
+        model, meta = load_checkpoint(path, device)
+        model.feature_block = torch.nn.Identity()  # type: ignore[assignment]
+        return model, meta
+
+    monkeypatch.setattr("seqrec.serve.export.load_checkpoint", with_features)
+    with pytest.raises(SeqrecError, match="event/item features are not exported yet"):
+        export_run(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.realdata
+def test_ml100k_sasrec_onnx_top10_is_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny SASRec trained one epoch on ml-100k: ONNX and PyTorch agree on the top-10 of 200 real users."""
+    source = SHARED_DATA / "ml-100k"
+    if not source.is_dir():
+        pytest.skip(f"{source} is absent (set SEQREC_SHARED_DATA to the shared data folder)")
+    from seqrec.config import resolve
+    from seqrec.data.catalog import KNOWN_DATASETS, load_known
+    from seqrec.data.prepare import PrepareOptions, prepare
+    from seqrec.train.loop import fit
+
+    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
+    data = prepare(load_known("ml-100k", source), PrepareOptions(**KNOWN_DATASETS["ml-100k"].prepare),
+                   tmp_path / "prepared")
+    cfg = resolve({}, ['model.name="sasrec"', "model.d=32", "data.max_len=50", "train.epochs=1",
+                       "train.progress=false", "train.batch_size=256"])
+    fit(cfg, data, tmp_path / "run")
+    manifest = export_run(tmp_path / "run", tmp_path / "export")
+    assert manifest["n_items"] == 1682 and manifest["max_len"] == 50
+    histories = user_histories(data, 200, min_len=1)
+    assert len(histories) == 200 and max(map(len, histories)) > 50  # some are cut to max_len
+    assert_same_as_pytorch(tmp_path / "run" / "checkpoint", tmp_path / "export", histories)
