@@ -349,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # it logs its loader choice at INFO on import
     try:
         return int(args.fn(args))
     except SeqrecError as exc:

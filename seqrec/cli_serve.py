@@ -81,8 +81,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     run = Path(args.run)
     dest = Path(args.out) if args.out else run / f"export-{args.format}"
     manifest = export_run(run, dest, format=args.format, opset=args.opset)
-    files = ", ".join(sorted(manifest.get("files", {})))
-    print(f"exported {run} -> {dest} ({files})")
+    outputs = ", ".join(o["name"] for o in manifest["encoder"]["outputs"])
+    print(f"exported {manifest['model']} -> {dest} ({manifest['format']}, opset {manifest['opset']}, "
+          f"{manifest['exporter']} exporter; outputs {outputs}; {manifest['n_items']} items)")
     return 0
 
 
@@ -106,6 +107,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
     e.add_argument("run")
     e.add_argument("--format", choices=["onnx"], default="onnx")
-    e.add_argument("--out", help="output folder (default RUN/export-FORMAT)")
-    e.add_argument("--opset", type=int)
+    e.add_argument("--out", help="destination folder, replaced atomically (default RUN/export-FORMAT)")
+    e.add_argument("--opset", type=int, help="ONNX opset version (default: the exporter's)")
     e.set_defaults(fn=cmd_export)

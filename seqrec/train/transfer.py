@@ -22,6 +22,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
+from seqrec.train.checkpoint import verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def finetune_config(pretrained: Path, setting: Setting, overrides: dict[str, Any
 def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfig, max_len: int) -> UniSRec:
     """A UniSRec for `data` carrying every shared weight of the pre-trained checkpoint."""
     ckpt = checkpoint_dir(pretrained)
+    verify_checkpoint(ckpt)  # a corrupt or truncated file is a one-line error, not a loader's traceback
     meta = read_json(ckpt / "model.json")
     if int(meta["max_len"]) != max_len:
         raise SeqrecError(f"pre-trained with max_len={meta['max_len']}; fine-tune with data.max_len={meta['max_len']}")
