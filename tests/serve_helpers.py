@@ -1,0 +1,35 @@
+"""Tiny trained runs for the service's browser and fuzz tests: a SASRec (ID model) and a UniSRec (text
+model, so items can be added by text), trained for a few epochs on the generated log in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seqrec.cli import main
+from seqrec.data.prepare import PrepareOptions, prepare
+from tests.conftest import synthetic_log
+from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
+
+TINY = ["--set", "model.d=16", "--set", "data.max_len=8", "--set", "train.progress=false", "--set", "train.lr=0.01",
+        "--set", "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.d_ff=32"]
+
+
+def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec")) -> dict[str, Path]:
+    """Train the named tiny runs under `root`; returns name -> run folder."""
+    data = prepare(synthetic_log(), PrepareOptions(), root / "data").path
+    specs = {
+        "sasrec": ["--model", "sasrec", "--set", 'model.positions_from="start"', "--set", "model.history_bias=true",
+                   "--set", "train.epochs=5"],
+        "unisrec": ["--model", "unisrec", "--set", 'model.positions_from="start"', "--set", "train.epochs=3",
+                    "--set", f"model.text_dim={TEXT_DIM}", "--set", "model.text_max_length=16",
+                    "--set", "model.n_experts=2"],
+    }
+    out = {}
+    for name in names:
+        argv = list(specs[name])
+        if name == "unisrec":
+            argv += ["--set", f'model.text_encoder="{make_tiny_encoder(root / "enc")}"']
+        code = main(["train", "--dataset", str(data), "--out", str(root / name), *TINY, *argv])
+        assert code == 0, f"training the tiny {name} run failed"
+        out[name] = root / name
+    return out
