@@ -140,8 +140,37 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp} at {where}")
 
 
+# Ranges of numeric settings, by field name, whichever config class holds them: a value outside
+# is a one-line error naming it (before any tensor is built with it).
+AT_LEAST_ONE = {"d", "d_ff", "n_layers", "n_heads", "n_experts", "n_negatives", "text_dim", "text_max_length",
+                "window", "max_len", "epochs", "batch_size", "eval_every", "patience", "budget"}
+NON_NEGATIVE = {"shared_negatives", "subsample", "weight_decay", "clip_grad", "time_budget_s", "stride", "threads"}
+POSITIVE = {"temperature", "init_std", "lr"}
+PROBABILITY = {"mask_prob", "last_mask_share", "gbce_t", "recency"}
+
+
+def check_ranges(values: dict[str, Any], section: str) -> None:
+    """Raise a `SeqrecError` naming the first numeric setting outside its range."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        where = f"{section}.{name}"
+        if v != v or v in (float("inf"), float("-inf")):
+            raise SeqrecError(f"{where} must be a finite number, got {v}")
+        if name in AT_LEAST_ONE and v < 1:
+            raise SeqrecError(f"{where} must be >= 1, got {v}")
+        if name in NON_NEGATIVE and v < 0:
+            raise SeqrecError(f"{where} must be >= 0, got {v}")
+        if name in POSITIVE and v <= 0:
+            raise SeqrecError(f"{where} must be > 0, got {v}")
+        if name in PROBABILITY and not 0 <= v <= 1:
+            raise SeqrecError(f"{where} must be in [0, 1], got {v}")
+        if (name.endswith("dropout") or name.endswith("_drop")) and not 0 <= v < 1:
+            raise SeqrecError(f"{where} must be in [0, 1), got {v}")
+
+
 def build(cls: type, values: dict[str, Any], section: str) -> Any:
-    """Instantiate dataclass `cls` from `values`, rejecting unknown keys and wrong types."""
+    """Instantiate dataclass `cls` from `values`, rejecting unknown keys, wrong types and values out of range."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(names))
@@ -151,6 +180,7 @@ def build(cls: type, values: dict[str, Any], section: str) -> Any:
             f"valid keys in [{section}]: {', '.join(names)}"
         )
     kwargs = {k: _check_value(v, hints[k], f"{section}.{k}") for k, v in values.items()}
+    check_ranges(kwargs, section)
     return cls(**kwargs)
 
 

@@ -48,3 +48,23 @@ def test_every_shipped_config_resolves(path: Path) -> None:
     """The configs the README points to have no stale or misspelt key (unknown keys are errors)."""
     cfg = resolve(load_toml(path), [])
     assert cfg.model.name in path.stem
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("model.d=-4", "model.d must be >= 1, got -4"),
+    ("model.d_ff=0", "model.d_ff must be >= 1"),
+    ("model.n_layers=0", "model.n_layers must be >= 1"),
+    ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
+    ("model.attn_dropout=-0.1", "model.attn_dropout must be in [0, 1)"),
+    ("model.init_std=0", "model.init_std must be > 0"),
+    ("model.gbce_t=2", "model.gbce_t must be in [0, 1]"),
+    ("train.lr=-1", "train.lr must be > 0"),
+    ("train.weight_decay=-0.1", "train.weight_decay must be >= 0"),
+    ("train.lr=nan", "train.lr must be a finite number"),
+    ("data.max_len=0", "data.max_len must be >= 1"),
+    ("eval.budget=0", "eval.budget must be >= 1"),
+])
+def test_numeric_settings_out_of_range_are_one_line_errors(override: str, message: str) -> None:
+    with pytest.raises(SeqrecError) as err:
+        resolve({"model": {"name": "sasrec"}}, [override])
+    assert message in str(err.value) and "\n" not in str(err.value)

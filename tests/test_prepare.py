@@ -210,3 +210,37 @@ def test_time_split_needs_timestamps_and_keeps_presplit_sources(tmp_path: Path) 
         prepare(no_time, PrepareOptions(split="time"), tmp_path / "a")
     with pytest.raises(SeqrecError, match="sum below 1"):
         PrepareOptions(split="time", test_frac=0.6, valid_frac=0.5)
+
+
+def _log(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "log.csv"
+    path.write_text("u,i,t\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_non_finite_timestamps_are_refused_with_their_line(tmp_path: Path, bad: str) -> None:
+    from seqrec.data.readers_table import read_table
+
+    path = _log(tmp_path, ["a,x,1", "a,y,2", f"b,x,{bad}"])
+    with pytest.raises(SeqrecError, match=r"log\.csv, line 4: time 't' value .* is not a finite number"):
+        read_table(path, "u", "i", "t")
+
+
+def test_out_of_range_timestamps_are_kept_in_order_with_a_warning(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from seqrec.data.readers_table import read_table
+
+    path = _log(tmp_path, ["a,x,-3", "a,y,1e30", "a,z,5"])
+    raw = read_table(path, "u", "i", "t")
+    assert raw.interactions.frame["timestamp"].to_list() == [-3.0, 1e30, 5.0]
+    assert "outside epoch seconds" in caplog.text and "log.csv" in caplog.text
+
+
+def test_a_log_of_one_item_is_refused(tmp_path: Path) -> None:
+    from seqrec.data.readers_table import read_table
+
+    raw = read_table(_log(tmp_path, [f"a,x,{t}" for t in range(6)]), "u", "i", "t")
+    with pytest.raises(SeqrecError, match="only one distinct item"):
+        prepare(raw, PrepareOptions(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

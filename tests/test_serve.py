@@ -125,6 +125,10 @@ def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, 
     assert client.delete("/items/fresh").json()["recommendable"] is False
     got = client.post("/recommend", json={"history": history, "k": 30}).json()["items"]
     assert "fresh" not in [r["item"] for r in got]
+    # ids with a slash are reachable by path too
+    assert client.post("/items", json={"items": [{"id": "shelf/7", "text": "small blue tool"}]}).status_code == 200
+    assert client.get("/items/shelf%2F7").json()["item"] == "shelf/7"
+    assert client.get("/similar/shelf/7?k=2").status_code == 200
     # replacing the text brings it back
     again = client.post("/items", json={"items": [{"id": "fresh", "text": "red glue tape"}]}).json()
     assert again["replaced"] == ["fresh"] and client.get("/items/fresh").json()["recommendable"] is True

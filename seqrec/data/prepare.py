@@ -157,6 +157,9 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
             f"(dedupe={options.dedupe}, kcore={options.kcore}, min_user_len={options.min_user_len})"
         )
     items = _index_map(frame["item"], start=1)
+    if items.height < 2:
+        raise SeqrecError(f"{source}: only one distinct item ({items['item'][0]!r}) is left after filtering: "
+                          "there is nothing to rank or recommend")
     users = _index_map(frame["user"], start=0)
     frame = (
         frame.join(items.rename({"idx": "iidx"}), on="item", how="left")

@@ -85,14 +85,13 @@ def to_epoch_seconds(
         out = stamps.dt.epoch("us").cast(pl.Float64) / 1e6
     elif dtype == pl.Utf8:
         text = values.str.strip_chars()
-        if time_format is not None:
-            parsed = text.str.strptime(pl.Datetime("us"), time_format, strict=False)
+        numeric = None if time_format is not None else text.cast(pl.Float64, strict=False)
+        if numeric is not None and numeric.null_count() == values.null_count():
+            out = numeric  # plain numbers
         else:
-            numeric = text.cast(pl.Float64, strict=False)
-            if numeric.null_count() == values.null_count():
-                return numeric
-            parsed = text.str.to_datetime(time_unit="us", strict=False)
-        out = parsed.dt.epoch("us").cast(pl.Float64) / 1e6
+            parsed = (text.str.strptime(pl.Datetime("us"), time_format, strict=False) if time_format is not None
+                      else text.str.to_datetime(time_unit="us", strict=False))
+            out = parsed.dt.epoch("us").cast(pl.Float64) / 1e6
     else:
         raise SeqrecError(f"{path}: time column {values.name!r} has unsupported type {dtype}")
     bad = (out.is_null() & values.is_not_null()).arg_true()
@@ -106,7 +105,29 @@ def to_epoch_seconds(
         raise SeqrecError(
             f"{_row_label(path, sep, index)}: time {values.name!r} value {shown!r} is not {hint}"
         )
+    infinite = (~out.is_finite()).arg_true()
+    if infinite.len():
+        index = int(infinite[0])
+        raise SeqrecError(f"{_row_label(path, sep, index)}: time {values.name!r} value {values[index]!r} "
+                          "is not a finite number")
+    check_time_range(out, path, values.name)
     return out
+
+
+# Finite times are kept as they are: they order each user's events, whatever their unit. Only the
+# time features (gap, hour of day) read them as seconds, so values outside the plausible range of
+# epoch seconds are accepted with a warning that names the file and the range seen.
+PLAUSIBLE_SECONDS = (0.0, 1e11)  # 1970 .. about year 5100; milliseconds since 1970 are above it
+
+
+def check_time_range(seconds: pl.Series, path: Path, column: str) -> None:
+    lo, hi = seconds.min(), seconds.max()
+    if lo is None or hi is None:
+        return
+    if float(lo) < PLAUSIBLE_SECONDS[0] or float(hi) > PLAUSIBLE_SECONDS[1]:  # type: ignore[arg-type]
+        log.warning("%s: time %r runs from %g to %g, outside epoch seconds (%g..%g); events are ordered by it "
+                    "as given, but time features (gap, hour) would read it as seconds", path, column, lo, hi,
+                    *PLAUSIBLE_SECONDS)
 
 
 def read_table(

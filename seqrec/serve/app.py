@@ -190,14 +190,14 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         rec.add_items(texts)
         return ItemsResponse(added=[r for r in texts if r not in set(known)], replaced=known, n_items=rec.n_items)
 
-    @app.delete("/items/{item_id}", response_model=ItemInfo)
+    @app.delete("/items/{item_id:path}", response_model=ItemInfo)
     def remove_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:
         """Stop recommending an item (it stays usable in histories)."""
         _writable(catalogue_writable)
         rec.remove_items([item_id])
         return _info(rec, item_id)
 
-    @app.get("/items/{item_id}", response_model=ItemInfo)
+    @app.get("/items/{item_id:path}", response_model=ItemInfo)
     async def get_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:
         return _info(rec, item_id)
 
@@ -207,14 +207,14 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         """Items whose id or title contains `q` (case-insensitive), for pickers."""
         return [_info(rec, raw) for raw in _find(rec, q, limit)]
 
-    @app.get("/similar/{item_id}", response_model=RecommendResponse)
+    @app.get("/similar/{item_id:path}", response_model=RecommendResponse)
     async def similar(item_id: Annotated[str, Path(max_length=256)],
                       k: Annotated[int, Query(ge=1, le=1000)] = 10) -> RecommendResponse:
         """The items the model scores highest for a state equal to this item's vector."""
         return RecommendResponse(items=_items(await batcher.run(rec.similar, item_id, k)))
 
     @app.post("/sessions/{session_id}/events", response_model=SessionResponse)
-    async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128)],
+    async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128, pattern="^[^/]+$")],
                         req: EventRequest) -> SessionResponse:
         """Append one event to a server-side session (created on its first event); returns the new top-k."""
         _sessions_on(sessions_enabled)
