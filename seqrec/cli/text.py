@@ -1,8 +1,4 @@
-"""The text and transfer commands of `seqrec`: `text encode`, `pretrain`, `finetune`.
-
-Kept apart from cli.py, which registers them with `add_commands(sub)`; the same
-rules hold here: this module owns console output, the library logs.
-"""
+"""The text and transfer commands of `seqrec`: `text encode`, `pretrain`, `finetune`."""
 
 from __future__ import annotations
 
@@ -12,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seqrec.cli.common import print_metrics, resolve_dataset
 from seqrec.errors import SeqrecError
 
 
 def cmd_text_encode(args: argparse.Namespace) -> int:
-    from seqrec.cli import resolve_dataset
     from seqrec.data.dataset import PreparedDataset
     from seqrec.data.text import TextOptions, text_embeddings
 
@@ -45,7 +41,6 @@ def _split_overrides(items: list[str], sections: tuple[str, ...]) -> dict[str, d
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from seqrec.cli import resolve_dataset
     from seqrec.config import build
     from seqrec.models.unisrec import UniSRecConfig
     from seqrec.train.pretrain import PretrainConfig, pretrain
@@ -67,7 +62,6 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from seqrec.cli import print_metrics, resolve_dataset
     from seqrec.config import load_toml, resolve
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.loop import fit
@@ -93,7 +87,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `text encode`, `pretrain` and `finetune` on the top-level subparsers."""
     text = sub.add_parser("text", help="item text -> cached frozen language-model vectors")
     tsub = text.add_subparsers(dest="text_cmd", required=True)

@@ -1,7 +1,4 @@
-"""The serving commands of `seqrec`: `serve` (the HTTP service) and `export` (ONNX).
-
-Kept apart from cli.py, which registers them with `add_commands(sub)`; this module owns console output
-of these commands, the library logs."""
+"""The serving commands of `seqrec`: `serve` (the HTTP service) and `export` (ONNX)."""
 
 from __future__ import annotations
 
@@ -61,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
     else:  # each worker builds its own app; live catalogue changes and sessions need one process
         os.environ[ENV] = json.dumps(options)
-        uvicorn.run("seqrec.cli_serve:app_from_env", factory=True, host=args.host, port=args.port,
+        uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning")
     return 0
 
@@ -88,6 +85,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `serve` and `export` on the top-level subparsers."""
     s = sub.add_parser("serve", help="serve a run over HTTP: recommendations, live catalogue, sessions, web page")
     s.add_argument("run", help="a run folder (or checkpoint folder)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")

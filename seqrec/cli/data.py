@@ -1,0 +1,126 @@
+"""`seqrec data`: fetch, prepare and inspect datasets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from seqrec.cli.common import _home, resolve_dataset
+from seqrec.errors import SeqrecError
+
+if TYPE_CHECKING:
+    from seqrec.data.types import RawDataset
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from seqrec.data.fetch import fetch_ml100k
+
+    if args.name != "ml-100k":
+        raise SeqrecError(f"fetch knows only ml-100k; for {args.name!r} prepare it with --source DIR")
+    result = fetch_ml100k(_home())
+    print(f"ml-100k ready in {result.directory} (source: {result.source}, layout: {result.layout})")
+    return 0
+
+
+def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any]]:
+    from seqrec.data.catalog import KNOWN_DATASETS, load_format, load_known
+
+    if args.format:
+        if not args.path:
+            raise SeqrecError("--format needs --path")
+        options = {k: v for k, v in (("user_col", args.user_col), ("item_col", args.item_col),
+                                     ("time_col", args.time_col), ("sep", args.sep),
+                                     ("time_format", args.time_format)) if v is not None}
+        raw = load_format(args.format, Path(args.path), **options)
+        return raw, {}
+    if args.name not in KNOWN_DATASETS:
+        raise SeqrecError(f"unknown dataset {args.name!r}; known: {', '.join(sorted(KNOWN_DATASETS))} "
+                          "(or give --format and --path)")
+    source = Path(args.source) if args.source else _home() / "raw" / args.name
+    if not source.exists():
+        hint = "run `seqrec data fetch ml-100k`" if args.name == "ml-100k" else "give --source DIR"
+        raise SeqrecError(f"source folder {source} does not exist; {hint}")
+    return load_known(args.name, source), dict(KNOWN_DATASETS[args.name].prepare)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from seqrec.data.prepare import PrepareOptions, prepare
+
+    t0 = time.perf_counter()
+    raw, defaults = _prepare_source(args)
+    keys = ("dedupe", "kcore", "min_user_len", "split", "test_frac", "valid_frac")
+    for key in keys:
+        if getattr(args, key) is not None:
+            defaults[key] = getattr(args, key)
+    options = PrepareOptions(**{k: v for k, v in defaults.items() if k in keys})
+    name = args.name or Path(args.path).stem
+    dest = Path(args.out) if args.out else _home() / "prepared" / name
+    data = prepare(raw, options, dest)
+    s = data.stats()
+    print(f"prepared {name} -> {dest} in {time.perf_counter() - t0:.1f}s: "
+          f"{s['users']} users, {s['items']} items, {s['interactions']} interactions")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from seqrec.data.dataset import PreparedDataset
+
+    stats = PreparedDataset.load(resolve_dataset(args.dataset)).stats()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"dataset       {stats['name']}  ({stats['split']}, fingerprint {stats['fingerprint']})")
+    print(f"users         {stats['users']:,}  ({stats['valid_users']:,} with a validation target, "
+          f"{stats['test_users']:,} with a test target)")
+    print(f"items         {stats['items']:,}")
+    print(f"interactions  {stats['interactions']:,}  (density {stats['density']:.5f})")
+    lengths = "  ".join(f"{k} {v:g}" for k, v in stats["length_percentiles"].items())
+    print(f"length        mean {stats['length_mean']:.2f}  {lengths}")
+    return 0
+
+
+def cmd_features(args: argparse.Namespace) -> int:
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.features import describe, infer_features
+
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    print(f"# side features inferred from {data.meta['name']}; put the ones you want in the run config")
+    print(describe(infer_features(data, args.encoding)))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `data fetch|prepare|stats|features` on the top-level subparsers."""
+    data_parser = sub.add_parser("data", help="fetch, prepare and inspect datasets")
+    data = data_parser.add_subparsers(dest="data_cmd", required=True)
+    f = data.add_parser("fetch", help="download a public dataset into $SEQREC_HOME/raw")
+    f.add_argument("name")
+    f.set_defaults(fn=cmd_fetch)
+    pr = data.add_parser("prepare", help="raw files -> a prepared-dataset folder")
+    pr.add_argument("name", nargs="?", help="a known dataset name (see the catalog), or the output name")
+    pr.add_argument("--source", help="folder holding the known dataset's files")
+    pr.add_argument("--format", help="movielens, recbole, unisrec, s3rec, lcrec, csv, tsv, parquet")
+    pr.add_argument("--path", help="input file or folder for --format")
+    for col in ("user-col", "item-col", "time-col", "sep", "time-format"):
+        pr.add_argument(f"--{col}")
+    pr.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME)")
+    pr.add_argument("--dedupe", choices=["none", "consecutive", "first"])
+    pr.add_argument("--kcore", type=int)
+    pr.add_argument("--min-user-len", type=int)
+    pr.add_argument("--split", choices=["leave-one-out", "time"],
+                    help="leave-one-out (default) or a global time split at two time quantiles")
+    pr.add_argument("--test-frac", type=float, help="time split: share of events at or after the test cutoff (0.1)")
+    pr.add_argument("--valid-frac", type=float, help="time split: share of events before it for validation (0.1)")
+    pr.set_defaults(fn=cmd_prepare)
+    st = data.add_parser("stats", help="users, items, interactions, length distribution")
+    st.add_argument("dataset")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_stats)
+    fe = data.add_parser("features", help="print the side-feature schema inferred from a dataset (TOML)")
+    fe.add_argument("dataset")
+    fe.add_argument("--encoding", choices=["soft_one_hot", "linear", "bucket"], default="soft_one_hot",
+                    help="encoding of the continuous features")
+    fe.set_defaults(fn=cmd_features)

@@ -1,0 +1,92 @@
+"""`seqrec recommend`: top-k items for a history of raw item ids, or for a user of the run's dataset."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from seqrec.cli.common import resolve_dataset
+from seqrec.errors import SeqrecError
+
+
+def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, dict[str, list[float]]]:
+    """A user's full raw item history, its timestamps and extra event columns (rating, ...),
+    from the prepared dataset the run was trained on."""
+    import polars as pl
+
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.io import read_json
+
+    if not (run / "config.json").is_file():
+        raise SeqrecError(f"{run}: --user needs a run folder with config.json")
+    data = PreparedDataset.load(resolve_dataset(read_json(run / "config.json")["data"]["dataset"]))
+    users = pl.read_parquet(data.path / "users.parquet")
+    match = users.filter(pl.col("user") == user)
+    if match.height == 0:
+        raise SeqrecError(f"unknown user {user!r} in {data.path}")
+    u = int(match["idx"][0])
+    lo, hi = int(data.offsets[u]), int(data.offsets[u + 1])
+    raw = data.item_table.sort("idx")["item"].to_list()
+    times = None if data.times is None else data.times[lo:hi].tolist()
+    events: dict[str, list[float]] = {}
+    if (data.path / "events.parquet").exists():
+        frame = pl.read_parquet(data.path / "events.parquet").slice(lo, hi - lo)
+        events = {c: frame[c].cast(pl.Float64, strict=False).to_list() for c in frame.columns
+                  if frame[c].dtype.is_numeric()}
+    return [raw[i - 1] for i in data.items[lo:hi]], times, events
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from seqrec.serve import Recommender
+
+    index = args.index or ("hnsw" if args.ann else "exact")
+    if args.n_probe is not None and index != "ivf":
+        raise SeqrecError("--n-probe needs --index ivf")
+    options = {} if args.n_probe is None else {"n_probe": args.n_probe}
+    rec = Recommender.from_run(args.run, index=index, **options)
+    if args.new_item:
+        bad = [item for item in args.new_item if "=" not in item]
+        if bad:
+            raise SeqrecError(f"--new-item takes ID=TEXT, got {bad[0]!r}")
+        rec.add_items(dict(item.split("=", 1) for item in args.new_item))
+    if (args.history is None) == (args.user is None):
+        raise SeqrecError("give exactly one of --history or --user")
+    if args.user is not None:
+        history, times, events = user_history(Path(args.run), args.user)
+        titles = rec.titles or [None] * rec.n_items
+        print(f"user {args.user}: {len(history)} items; the last {min(10, len(history))}:")
+        for raw in history[-10:]:
+            title = titles[rec.index[raw] - 1]
+            print(f"       {raw:<12} {title or ''}")
+        print(f"top {args.k}{' (seen items excluded)' if args.exclude_seen else ''}:")
+    else:
+        history = args.history.replace(",", " ").split()
+        times = [float(t) for t in args.times.replace(",", " ").split()] if args.times else None
+        events = {}
+    candidates = args.candidates.replace(",", " ").split() if args.candidates else None
+    recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
+                         times=times, events=events)
+    for rank, r in enumerate(recs, start=1):
+        title = f"  {r.title}" if r.title else ""
+        print(f"{rank:>5}  {r.item:<12} {r.score:>9.4f}{title}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `recommend` on the top-level subparsers."""
+    r = sub.add_parser("recommend", help="top-k items for a history of raw item ids")
+    r.add_argument("run")
+    r.add_argument("--history", help='raw item ids, oldest first: "50 172 133"')
+    r.add_argument("--user", help="a raw user id of the run's dataset: use that user's whole history")
+    r.add_argument("-k", type=int, default=10)
+    r.add_argument("--exclude-seen", action="store_true")
+    r.add_argument("--new-item", action="append", metavar="ID=TEXT",
+                   help="an item unseen in training, known by its text (text models such as unisrec)")
+    r.add_argument("--candidates", help="rank only these raw item ids")
+    r.add_argument("--index", choices=["exact", "hnsw", "ivf"],
+                   help="how top-k is retrieved: exact (default), or a FAISS HNSW / IVF index of the item vectors")
+    r.add_argument("--ann", action="store_true", help="the same as --index hnsw")
+    r.add_argument("--n-probe", type=int, help="with --index ivf: lists opened per query")
+    r.add_argument("--times", help="timestamps (seconds) of the --history items, for time features (gap, hour); "
+                   "without them those features are missing")
+    r.set_defaults(fn=cmd_recommend)

@@ -1,0 +1,117 @@
+"""`seqrec train` (and `train --resume`) and `seqrec evaluate`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from seqrec.cli.common import print_metrics, resolve_dataset
+from seqrec.errors import SeqrecError
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seqrec.config import load_toml, resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import fit
+
+    if args.resume:
+        return resume_train(Path(args.resume), args)
+    raw = load_toml(Path(args.config)) if args.config else {}
+    overrides = list(args.set or [])
+    if args.dataset:
+        overrides.insert(0, f'data.dataset="{args.dataset}"')
+    if args.model:
+        overrides.insert(0, f'model.name="{args.model}"')
+    cfg = resolve(raw, overrides)
+    if not cfg.data.dataset:
+        raise SeqrecError("no dataset: give --dataset or data.dataset in the config")
+    data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{stamp}"
+    init = Path(args.init_items_from) if args.init_items_from else None
+    report_run(run_dir, fit(cfg, data, run_dir, init_items_from=init))
+    return 0
+
+
+def report_run(run_dir: Path, results: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # under torchrun: every rank is done; rank 0 alone has results
+        dist.destroy_process_group()
+    if "checkpoint" not in results:
+        return
+    print(f"run: {run_dir}  (best epoch {results['checkpoint']['epoch']}, {results['train_seconds']:.0f}s)")
+    print_metrics(results)
+
+
+def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
+    """`train --resume RUN`: go on from the run's last finished epoch, with the run's own config."""
+    from seqrec.config import resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.io import read_json
+    from seqrec.train.loop import fit
+
+    given = [flag for flag, value in (("--dataset", args.dataset), ("--model", args.model), ("--config", args.config),
+                                      ("--set", args.set), ("--out", args.out),
+                                      ("--init-items-from", args.init_items_from)) if value]
+    if given:
+        raise SeqrecError(f"--resume continues a run with its own config: drop {', '.join(given)}")
+    if not (run_dir / "config.json").is_file():
+        raise SeqrecError(f"{run_dir}: not a run folder (no config.json)")
+    if (run_dir / "results.json").is_file() and not (run_dir / "state").is_dir():
+        raise SeqrecError(f"{run_dir}: the run has finished (results.json is there); nothing to resume")
+    cfg = resolve(read_json(run_dir / "config.json"), [])
+    data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
+    report_run(run_dir, fit(cfg, data, run_dir, resume=True))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from seqrec.config import resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.data.io import read_json
+    from seqrec.eval.evaluate import evaluate, protocol
+    from seqrec.train.checkpoint import load_checkpoint
+    from seqrec.train.loop import pick_device
+
+    run = Path(args.run)
+    if not (run / "config.json").is_file():
+        raise SeqrecError(f"{run}: not a run folder (no config.json)")
+    raw = read_json(run / "config.json")
+    overrides = [f"eval.filter_seen={'true' if args.filter_seen else 'false'}"] if args.filter_seen is not None else []
+    cfg = resolve(raw, overrides)
+    data = PreparedDataset.load(resolve_dataset(args.dataset or cfg.data.dataset))
+    device = pick_device(cfg.train.device)
+    results: dict[str, Any] = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}
+    for split in ("valid", "test"):
+        # a refitted run tests the refit, and validates the validation-chosen model it was refitted from
+        name = "checkpoint-selected" if split == "valid" and cfg.train.refit else "checkpoint"
+        model, meta = load_checkpoint(run / name, device)
+        if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
+            raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
+                              f"but {data.path} has {data.fingerprint}")
+        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
+    print_metrics(results)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `train` and `evaluate` on the top-level subparsers."""
+    t = sub.add_parser("train", help="train a model; writes a run folder")
+    t.add_argument("--dataset")
+    t.add_argument("--model")
+    t.add_argument("--config", help="TOML file with [data] [model] [train] [eval]")
+    t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
+    t.add_argument("--out", help="run folder (default runs/DATASET-MODEL-TIME)")
+    t.add_argument("--init-items-from", metavar="RUN",
+                   help="initialise the item table from RUN's item vectors (e.g. an item2vec run)")
+    t.add_argument("--resume", metavar="RUN",
+                   help="go on with an interrupted run from its last finished epoch (exactly as if uninterrupted)")
+    t.set_defaults(fn=cmd_train)
+    e = sub.add_parser("evaluate", help="re-evaluate a saved run")
+    e.add_argument("run")
+    e.add_argument("--dataset", help="prepared dataset (default: the run's)")
+    e.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
+    e.set_defaults(fn=cmd_evaluate)
