@@ -1,11 +1,13 @@
-"""Cost of streaming full ranking: 100,000 users against 100,000 items.
+"""Cost of full ranking: 100,000 users against 100,000 items, D = 64, exact ranks.
 
-Runs seqrec's ranking path (`stream_ranks`) on random states and item vectors
-(D = 64) for several score budgets, in a fresh process each, and records wall
-time and peak resident memory. A naive users x items score matrix would need
-100k x 100k x 4 B = 40 GB; the streamed one holds `budget` scores at once.
+Runs seqrec's ranking path (`stream_ranks`, blocked: groups of users against tiles of items,
+counted in cache) on random states and item vectors, in a fresh process per repeat, and records
+wall time, peak resident memory and the achieved FLOP/s as a fraction of the matmul peak measured
+in the same process (a 4096 x 4096 float32 product on the same threads). A dense score matrix
+would need 100k x 100k x 4 B = 40 GB; the ranking holds one tile per thread.
 
-    python benchmarks/eval_cost.py [--users 100000 --items 100000 --repeats 3]
+    python benchmarks/eval_cost.py [--users 100000 --items 100000 --repeats 3 --threads 2]
+    python benchmarks/eval_cost.py --tiny      # seconds; what the test suite runs
 """
 
 from __future__ import annotations
@@ -22,27 +24,44 @@ from pathlib import Path
 from common import RESULTS, machine, write_result
 
 
-def one(users: int, items: int, d: int, budget: int, threads: int) -> dict[str, float]:
+def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3) -> float:
+    """Median GFLOP/s of an n x n float32 matrix product on `threads` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def one(users: int, items: int, d: int, threads: int, peak_n: int) -> dict[str, float]:
     import torch
 
     from seqrec.eval.metrics import metrics_from_ranks
     from seqrec.eval.ranking import RankRequest, stream_ranks, user_chunk_size
 
+    peak = matmul_gflops(threads, peak_n)
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     item_emb = torch.randn(items + 1, d, generator=g)
     h_all = torch.randn(users, d, generator=g)
     target = torch.randint(1, items + 1, (users,), generator=g)
-    chunk = user_chunk_size(items, budget)
+    chunk = user_chunk_size(items)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()
     reqs = (RankRequest(h_all[i : i + chunk], target[i : i + chunk]) for i in range(0, users, chunk))
     ranks = stream_ranks(reqs, item_emb)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    m = metrics_from_ranks(ranks, [10])
-    return {"seconds": seconds, "peak_rss_mb": peak, "rss_before_mb": base, "user_chunk": chunk,
-            "recall@10_random": m["recall@10"]}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    gflops = 2 * users * (items + 1) * d / seconds / 1e9
+    return {"seconds": seconds, "peak_rss_mb": rss, "rss_before_mb": base, "user_chunk": chunk,
+            "gflops": gflops, "matmul_peak_gflops": peak, "fraction_of_peak": gflops / peak,
+            "recall@10_random": metrics_from_ranks(ranks, [10])["recall@10"]}
 
 
 def main() -> None:
@@ -52,32 +71,31 @@ def main() -> None:
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--budgets", default=str(1 << 23) + "," + str(1 << 25))
+    p.add_argument("--tiny", action="store_true", help="2,000 x 2,000, one repeat, to a separate file")
+    p.add_argument("--out", type=Path)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--peak-n", type=int, default=4096, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.tiny:
+        args.users, args.items, args.repeats, args.peak_n = 2000, 2000, 1, 512
     if args.child:
-        print(json.dumps(one(args.users, args.items, args.d, args.budget, args.threads)))
+        print(json.dumps(one(args.users, args.items, args.d, args.threads, args.peak_n)))
         return
-    rows = []
-    for budget in (int(b) for b in args.budgets.split(",")):
-        runs = []
-        for _ in range(args.repeats):
-            cmd = [sys.executable, __file__, "--child", "--budget", str(budget), "--users", str(args.users),
-                   "--items", str(args.items), "--d", str(args.d), "--threads", str(args.threads)]
-            runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
-        rows.append({
-            "budget_scores": budget, "budget_mb": budget * 4 / 2**20, "user_chunk": runs[0]["user_chunk"],
-            "median_seconds": statistics.median(r["seconds"] for r in runs),
-            "seconds": [r["seconds"] for r in runs],
-            "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
-            "rss_before_ranking_mb": statistics.median(r["rss_before_mb"] for r in runs),
-            "users_per_second": args.users / statistics.median(r["seconds"] for r in runs),
-        })
-        print(json.dumps(rows[-1]))
+    runs = []
+    for _ in range(args.repeats):
+        cmd = [sys.executable, __file__, "--child", "--users", str(args.users), "--items", str(args.items),
+               "--d", str(args.d), "--threads", str(args.threads), "--peak-n", str(args.peak_n)]
+        runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+        print(json.dumps(runs[-1]), flush=True)
+    med = {k: statistics.median(r[k] for r in runs)
+           for k in ("seconds", "peak_rss_mb", "rss_before_mb", "gflops", "matmul_peak_gflops", "fraction_of_peak")}
     result = {"users": args.users, "items": args.items, "d": args.d, "threads": args.threads,
-              "naive_matrix_gb": args.users * (args.items + 1) * 4 / 1e9, "runs": rows, "machine": machine()}
-    write_result(RESULTS / "eval_cost.json", result)
+              "naive_matrix_gb": args.users * (args.items + 1) * 4 / 1e9, "user_chunk": runs[0]["user_chunk"],
+              "median": med, "runs": runs, "machine": machine()}
+    out = args.out or RESULTS / ("eval_cost_tiny.json" if args.tiny else "eval_cost.json")
+    write_result(out, result)
+    print(f"median {med['seconds']:.1f} s, {med['gflops']:.0f} GFLOP/s = {med['fraction_of_peak']:.2f} of the "
+          f"{med['matmul_peak_gflops']:.0f} GFLOP/s matmul peak -> {out}")
 
 
 if __name__ == "__main__":
