@@ -249,3 +249,14 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(runs: dict
     assert answers[-1].status_code == 404
     batcher = app.state.batcher
     assert batcher.batched == len(bodies) - 1 and batcher.batches < batcher.batched  # some ran together
+
+
+def test_idle_sessions_expire(runs: dict[str, Path]) -> None:
+    import time
+
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"]), max_sessions=1, session_ttl_s=0.2))
+    assert client.post("/sessions/old/events", json={"item": "i1"}).status_code == 200
+    assert client.post("/sessions/new/events", json={"item": "i1"}).status_code == 429  # the one place is taken
+    time.sleep(0.3)
+    assert client.post("/sessions/new/events", json={"item": "i1"}).status_code == 200  # the idle one is gone
+    assert client.get("/sessions/old").status_code == 404
