@@ -205,19 +205,27 @@ def load_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise SeqrecError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SeqrecError(f"{path}: invalid TOML: {exc}") from None
+    except OSError as exc:  # a folder, no permission, ...
+        raise SeqrecError(f"{path}: cannot read the config file ({exc.strerror})") from None
 
 
 def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
     """Merge dotted overrides into a raw TOML dict and build the typed RunConfig."""
     from seqrec.registry import model_config_class
 
+    if not isinstance(raw, dict):
+        raise SeqrecError(f"a config is a table of sections, got {raw!r}")
+    sections = ("data", "model", "train", "eval", "features")
+    not_tables = [k for k, v in raw.items() if k in sections and not isinstance(v, dict)]
+    if not_tables:
+        raise SeqrecError(f"config section [{not_tables[0]}] must be a table, got {raw[not_tables[0]]!r}")
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for text in overrides:
         (section, key), value = parse_override(text)
         raw.setdefault(section, {})[key] = value
-    unknown = sorted(set(raw) - {"data", "model", "train", "eval", "features"})
+    unknown = sorted(set(raw) - set(sections))
     if unknown:
         raise SeqrecError(f"unknown config section(s) {unknown}; valid: data, model, train, eval, features")
     model_raw = dict(raw.get("model", {}))

@@ -5,10 +5,14 @@ Every command module imports this one and no other command module, so that each 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seqrec.errors import SeqrecError
+
+if TYPE_CHECKING:
+    from seqrec.config import RunConfig
 
 
 def _home() -> Path:
@@ -26,6 +30,17 @@ def resolve_dataset(ref: str) -> Path:
     if (named / "meta.json").is_file():
         return named
     raise SeqrecError(f"no prepared dataset {ref!r} (looked in {path} and {named}); run `seqrec data prepare`")
+
+
+def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The resolved config of a run folder, from its config.json (whose presence the caller checked)."""
+    from seqrec.config import resolve
+    from seqrec.data.io import read_json
+
+    raw = read_json(run / "config.json")
+    if not isinstance(raw, dict):
+        raise SeqrecError(f"{run / 'config.json'}: not a run config (expected a JSON object)")
+    return resolve(raw, overrides)
 
 
 def print_metrics(results: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from seqrec.cli.common import resolve_dataset
+from seqrec.cli.common import resolve_dataset, run_config
 from seqrec.errors import SeqrecError
 
 
@@ -15,11 +15,10 @@ def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, d
     import polars as pl
 
     from seqrec.data.dataset import PreparedDataset
-    from seqrec.data.io import read_json
 
     if not (run / "config.json").is_file():
         raise SeqrecError(f"{run}: --user needs a run folder with config.json")
-    data = PreparedDataset.load(resolve_dataset(read_json(run / "config.json")["data"]["dataset"]))
+    data = PreparedDataset.load(resolve_dataset(run_config(run).data.dataset))
     users = pl.read_parquet(data.path / "users.parquet")
     match = users.filter(pl.col("user") == user)
     if match.height == 0:
@@ -36,16 +35,26 @@ def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, d
     return [raw[i - 1] for i in data.items[lo:hi]], times, events
 
 
+def number(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SeqrecError(f"{flag}: {text!r} is not a number") from None
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
     index = args.index or ("hnsw" if args.ann else "exact")
     if args.n_probe is not None and index != "ivf":
         raise SeqrecError("--n-probe needs --index ivf")
+    if args.n_probe is not None and args.n_probe < 1:
+        raise SeqrecError(f"--n-probe must be >= 1, got {args.n_probe}")
     options = {} if args.n_probe is None else {"n_probe": args.n_probe}
     rec = Recommender.from_run(args.run, index=index, **options)
     if args.new_item:
-        bad = [item for item in args.new_item if "=" not in item]
+        bad = [item for item in args.new_item  # ID=TEXT, neither of them blank
+               if not all(part.strip() for part in item.partition("=")[::2])]
         if bad:
             raise SeqrecError(f"--new-item takes ID=TEXT, got {bad[0]!r}")
         rec.add_items(dict(item.split("=", 1) for item in args.new_item))
@@ -61,7 +70,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"top {args.k}{' (seen items excluded)' if args.exclude_seen else ''}:")
     else:
         history = args.history.replace(",", " ").split()
-        times = [float(t) for t in args.times.replace(",", " ").split()] if args.times else None
+        times = [number(t, "--times") for t in args.times.replace(",", " ").split()] if args.times else None
         events = {}
     candidates = args.candidates.replace(",", " ").split() if args.candidates else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqrec.cli.common import print_metrics, resolve_dataset
+from seqrec.cli.common import print_metrics, resolve_dataset, run_config
 from seqrec.errors import SeqrecError
 
 
@@ -48,9 +48,7 @@ def report_run(run_dir: Path, results: dict[str, Any]) -> None:
 
 def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
     """`train --resume RUN`: go on from the run's last finished epoch, with the run's own config."""
-    from seqrec.config import resolve
     from seqrec.data.dataset import PreparedDataset
-    from seqrec.data.io import read_json
     from seqrec.train.loop import fit
 
     given = [flag for flag, value in (("--dataset", args.dataset), ("--model", args.model), ("--config", args.config),
@@ -62,16 +60,14 @@ def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
         raise SeqrecError(f"{run_dir}: not a run folder (no config.json)")
     if (run_dir / "results.json").is_file() and not (run_dir / "state").is_dir():
         raise SeqrecError(f"{run_dir}: the run has finished (results.json is there); nothing to resume")
-    cfg = resolve(read_json(run_dir / "config.json"), [])
+    cfg = run_config(run_dir)
     data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
     report_run(run_dir, fit(cfg, data, run_dir, resume=True))
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from seqrec.config import resolve
     from seqrec.data.dataset import PreparedDataset
-    from seqrec.data.io import read_json
     from seqrec.eval.evaluate import evaluate, protocol
     from seqrec.train.checkpoint import load_checkpoint
     from seqrec.train.loop import pick_device
@@ -79,9 +75,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     run = Path(args.run)
     if not (run / "config.json").is_file():
         raise SeqrecError(f"{run}: not a run folder (no config.json)")
-    raw = read_json(run / "config.json")
     overrides = [f"eval.filter_seen={'true' if args.filter_seen else 'false'}"] if args.filter_seen is not None else []
-    cfg = resolve(raw, overrides)
+    cfg = run_config(run, overrides)
     data = PreparedDataset.load(resolve_dataset(args.dataset or cfg.data.dataset))
     device = pick_device(cfg.train.device)
     results: dict[str, Any] = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}

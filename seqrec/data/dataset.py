@@ -95,9 +95,18 @@ class PreparedDataset:
         if not (path / "meta.json").is_file():
             raise SeqrecError(f"{path}: not a prepared dataset (no meta.json); run `seqrec data prepare`")
         meta = read_json(path / "meta.json")
-        if meta.get("format_version") != FORMAT_VERSION:
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
             raise SeqrecError(f"{path}: prepared with an incompatible format; prepare it again")
-        load = lambda n: np.load(path / n, allow_pickle=False)  # noqa: E731
+        for name in ("items.parquet", "users.parquet", "seq_items.npy", "seq_offsets.npy", "split.npy"):
+            if not (path / name).is_file():
+                raise SeqrecError(f"{path / name}: missing from the prepared dataset; prepare it again")
+
+        def load(name: str) -> np.ndarray:
+            try:
+                return np.load(path / name, allow_pickle=False)
+            except (OSError, ValueError) as exc:  # truncated, or not an array
+                raise SeqrecError(f"{path / name}: damaged ({exc}); prepare the dataset again") from None
+
         times = load("seq_time.npy") if (path / "seq_time.npy").exists() else None
         return cls(path, meta, load("seq_items.npy"), load("seq_offsets.npy"), load("split.npy"), times)
 
@@ -120,7 +129,12 @@ class PreparedDataset:
     @property
     def item_table(self) -> pl.DataFrame:
         if self._item_table is None:
-            self._item_table = pl.read_parquet(self.path / "items.parquet")
+            try:
+                self._item_table = pl.read_parquet(self.path / "items.parquet")
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise SeqrecError(f"{self.path / 'items.parquet'}: damaged ({reason}); prepare the dataset again"
+                                  ) from None
         return self._item_table
 
     def with_valid_as_training(self) -> PreparedDataset:

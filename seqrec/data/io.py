@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from seqrec.errors import SeqrecError
+
 
 @contextlib.contextmanager
 def atomic_dir(dest: Path) -> Iterator[Path]:
@@ -45,4 +47,8 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file that seqrec wrote (meta.json, config.json, ...); a damaged one is a one-line error naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SeqrecError(f"{path}: not valid JSON ({exc})") from None

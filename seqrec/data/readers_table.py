@@ -88,9 +88,13 @@ def to_epoch_seconds(
         numeric = None if time_format is not None else text.cast(pl.Float64, strict=False)
         if numeric is not None and numeric.null_count() == values.null_count():
             out = numeric  # plain numbers
+        elif numeric is not None:
+            try:
+                out = text.str.to_datetime(time_unit="us", strict=False).dt.epoch("us").cast(pl.Float64) / 1e6
+            except pl.exceptions.ComputeError:  # no ISO 8601 layout fits: the values that are not numbers are bad
+                out = numeric
         else:
-            parsed = (text.str.strptime(pl.Datetime("us"), time_format, strict=False) if time_format is not None
-                      else text.str.to_datetime(time_unit="us", strict=False))
+            parsed = text.str.strptime(pl.Datetime("us"), time_format, strict=False)
             out = parsed.dt.epoch("us").cast(pl.Float64) / 1e6
     else:
         raise SeqrecError(f"{path}: time column {values.name!r} has unsupported type {dtype}")

@@ -61,6 +61,8 @@ class TextOptions:
             raise SeqrecError(f"missing-text policy must be error, id or mean, got {self.missing!r}")
         if self.max_length < 1 or not 0 <= self.word_drop < 1:
             raise SeqrecError("text max_length must be >= 1 and word_drop in [0, 1)")
+        if self.batch_size < 1:
+            raise SeqrecError(f"text batch_size must be >= 1, got {self.batch_size}")
 
 
 def default_encoder_path() -> Path:
@@ -91,7 +93,10 @@ def item_texts(items: pl.DataFrame, template: str = "") -> list[str | None]:
     out: list[str | None] = []
     for row in rows:
         if template:
-            text = template.format(**{k: (v or "").strip() for k, v in row.items()})
+            try:
+                text = template.format(**{k: (v or "").strip() for k, v in row.items()})
+            except (ValueError, KeyError, IndexError, AttributeError) as exc:
+                raise SeqrecError(f"text template {template!r} is not a template of item fields ({exc})") from None
             text = re.sub(r"(\s*[.,;:]\s*)+(?=[.,;:]|$)", "", text).strip(" .,;:")
         else:
             text = ". ".join(v.strip() for v in row.values() if v and v.strip())
@@ -150,11 +155,17 @@ class TextEncoder:
 
         self.source = resolve_encoder(name)
         local = Path(self.source).is_dir()
+        if not local and Path(self.source).is_absolute():  # a path, and no hub name is one
+            raise SeqrecError(f"text encoder {name!r}: no such folder")
         self.revision = revision or (_local_revision(Path(self.source)) if local else "main")
         where = str(_transformer_dir(Path(self.source))) if local else self.source
         kwargs = {} if local else {"revision": self.revision}
-        self.tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-        self.model = AutoModel.from_pretrained(where, **kwargs).to(device).eval()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+            self.model = AutoModel.from_pretrained(where, **kwargs).to(device).eval()
+        except (OSError, ValueError) as exc:  # not there, not a model folder, not on the hub (or offline)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SeqrecError(f"text encoder {name!r}: cannot load it ({reason})") from None
         self.model.requires_grad_(False)
         self.pooling, self.max_length, self.device = pooling, max_length, device
 

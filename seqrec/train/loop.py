@@ -33,6 +33,7 @@ from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import dataset_event_values
 from seqrec.data.io import write_json_atomic
+from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
@@ -49,7 +50,10 @@ log = logging.getLogger(__name__)
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise SeqrecError(f"train.device: {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -117,9 +121,6 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
-    if world.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "config.json", cfg.to_dict())
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     device = rank_device or pick_device(cfg.train.device)
@@ -127,6 +128,9 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
     model, opt, batches, step = setup(cfg, data, device, model, init_items_from, world)
+    if world.main:  # only once the inputs have proved usable: a refused run leaves no folder behind
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", cfg.to_dict())
     ema = weight_average(model, cfg)
     scored = model if ema is None else ema.model  # what validation, the checkpoint and the test see
     metric = selection_metric(cfg.eval.ks)

@@ -86,14 +86,15 @@ class Domains:
 def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress: bool = False) -> Domains:
     if not datasets:
         raise SeqrecError("pretrain needs at least one dataset")
+    if model.text_word_drop <= 0:  # checked before any text is encoded
+        raise SeqrecError("pre-training needs the word-drop view: set model.text_word_drop > 0")
     seqs, user_offsets, splits, tables = [], [np.zeros(1, dtype=np.int64)], [], []
     offsets: dict[str, int] = {}
     texts, augs = [torch.zeros(1, model.text_dim)], [torch.zeros(1, model.text_dim)]
     shift, events = 0, 0
     for data in datasets:
         te = text_embeddings(data, model.text_options(), progress=progress)
-        if te.emb_word_drop is None:
-            raise SeqrecError("pre-training needs the word-drop view: set model.text_word_drop > 0")
+        assert te.emb_word_drop is not None  # word_drop > 0
         name = str(data.meta["name"])
         name = name if name not in offsets else f"{name}#{len(offsets) + 1}"
         offsets[name] = shift
@@ -182,9 +183,6 @@ class Pretrainer:
 
 
 def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path) -> dict[str, Any]:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", {"pretrain": dataclasses.asdict(cfg),
-                                                 "model": dataclasses.asdict(model_cfg)})
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -193,6 +191,10 @@ def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path) -> di
     if model_cfg.whitening_init or model_cfg.adaptor == "whitening":
         model.adaptor.init_whitening(domains.text[1:], torch.Generator().manual_seed(cfg.seed))  # type: ignore[operator]
     trainer = Pretrainer(model, cfg, domains.text_word_drop)
+    # the run folder only once the inputs have proved usable: a refused run leaves nothing behind
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", {"pretrain": dataclasses.asdict(cfg),
+                                                 "model": dataclasses.asdict(model_cfg)})
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     batches = TrainBatches(domains.data, cfg.max_len, cfg.batch_size, cfg.seed)

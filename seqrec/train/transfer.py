@@ -22,7 +22,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
-from seqrec.train.checkpoint import verify_checkpoint
+from seqrec.train.checkpoint import read_meta, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def finetune_config(pretrained: Path, setting: Setting, overrides: dict[str, Any
     """The pre-trained model's config with the setting's switches (and any explicit overrides) applied."""
     if setting not in ("inductive", "transductive"):
         raise SeqrecError(f"setting must be inductive or transductive, got {setting!r}")
-    meta = read_json(checkpoint_dir(pretrained) / "model.json")
+    meta = read_meta(checkpoint_dir(pretrained))
     if meta.get("model") != "unisrec":
         raise SeqrecError(f"{pretrained}: fine-tuning needs a UniSRec checkpoint, got {meta.get('model')!r}")
     overrides = dict(overrides or {})
@@ -63,10 +63,14 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
         raise SeqrecError(f"pre-trained with max_len={meta['max_len']}; fine-tune with data.max_len={meta['max_len']}")
     model = UniSRec.from_dataset(config, data, max_len)
     state = {k: v for k, v in load_file(str(ckpt / "model.safetensors")).items() if k not in PER_DOMAIN}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    fit = "the architecture keys (d, n_layers, n_experts, ...) must match the pre-trained model"
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        first = (str(exc).splitlines()[1:] or [str(exc)])[0].strip()  # the first mismatch
+        raise SeqrecError(f"{ckpt}: weights do not fit ({first}); {fit}") from None
     if unexpected or set(missing) - set(PER_DOMAIN):
-        raise SeqrecError(f"{ckpt}: weights do not fit (missing {missing}, unexpected {unexpected}); "
-                          "the architecture keys (d, n_layers, n_experts, ...) must match the pre-trained model")
+        raise SeqrecError(f"{ckpt}: weights do not fit (missing {missing}, unexpected {unexpected}); {fit}")
     n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
              sum(p.numel() for p in model.parameters() if p.requires_grad))
