@@ -286,6 +286,10 @@ SERVE = [
     case("serve-port-zero", "serve {sasrec} --port 0", "--port"),
     case("serve-port-too-high", "serve {sasrec} --port 70000", "--port"),
     case("serve-no-workers", "serve {sasrec} --workers 0", "--workers"),
+    case("serve-negative-threads", "serve {sasrec} --threads -1", "--threads"),
+    case("serve-no-sessions", "serve {sasrec} --max-sessions 0", "--max-sessions"),
+    case("serve-zero-ttl", "serve {sasrec} --session-ttl 0", "--session-ttl"),
+    case("serve-no-body", "serve {sasrec} --max-body-bytes 0", "--max-body-bytes"),
     case("serve-truncated-weights", "serve {tmp}/run --port 8765", "model.safetensors", run_copy(truncate)),
 ]
 

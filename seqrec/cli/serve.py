@@ -46,8 +46,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SeqrecError(f"{run}: no such run folder")
     if not _loopback(args.host) and not args.public:
         raise SeqrecError(f"--host {args.host} is not a loopback address; add --public to serve other machines")
-    if args.workers < 1 or not 1 <= args.port <= 65535:
-        raise SeqrecError("--workers must be >= 1 and --port in 1..65535")
+    if not 1 <= args.port <= 65535:
+        raise SeqrecError(f"--port must be in 1..65535, got {args.port}")
+    for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 0),
+                               ("--max-sessions", args.max_sessions, 1), ("--session-events", args.session_events, 1),
+                               ("--max-body-bytes", args.max_body_bytes, 1)):
+        if value < least:
+            raise SeqrecError(f"{flag} must be >= {least}, got {value}")
+    if not args.session_ttl > 0:
+        raise SeqrecError(f"--session-ttl must be > 0 seconds, got {args.session_ttl}")
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device}
