@@ -1,7 +1,14 @@
-"""The IVF index: exact when every list is probed, high recall when a few are, and serving through it."""
+"""Retrievers: exact equals the full ranking; HNSW / IVF find most of it and score it exactly; the
+catalogue grows, shrinks and changes under them; the benchmark script runs."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,85 +16,246 @@ import torch
 
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
-from seqrec.serve.ann import IVFIndex, spherical_kmeans
+from seqrec.serve.ann import INDEX_KINDS, FaissRetriever, Retriever, build_retriever
+
+ROOT = Path(__file__).resolve().parents[1]
+ANN_KINDS = ("hnsw", "ivf")
 
 
-def clustered(n: int = 2000, d: int = 16, clusters: int = 20, seed: int = 0) -> torch.Tensor:
+def clustered(n: int = 3000, d: int = 16, clusters: int = 30, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N+1, D) vectors (row 0 padding) around `clusters` centres, norms spread by a log-normal factor
+    (popular items are longer), and a bias (N+1,)."""
     g = torch.Generator().manual_seed(seed)
-    centres = torch.randn(clusters, d, generator=g) * 3
+    centres = torch.randn(clusters, d, generator=g) * 2
     x = centres[torch.randint(clusters, (n,), generator=g)] + torch.randn(n, d, generator=g)
-    return torch.cat([torch.zeros(1, d), x])  # row 0: padding
+    x = x * torch.exp(0.3 * torch.randn(n, 1, generator=g))
+    return torch.cat([torch.zeros(1, d), x]), torch.cat([torch.zeros(1), torch.randn(n, generator=g)])
 
 
-def exact_top(vectors: torch.Tensor, bias: torch.Tensor | None, q: torch.Tensor, k: int) -> torch.Tensor:
+def full_ranking(vectors: torch.Tensor, bias: torch.Tensor | None, q: torch.Tensor, k: int,
+                 drop: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: every item scored, padding and `drop[r]` at -inf, torch top-k."""
     scores = q @ vectors.T + (0 if bias is None else bias)
     scores[:, 0] = -torch.inf
-    return scores.topk(k, dim=1).indices
+    for r, items in enumerate(drop or []):
+        scores[r, items] = -torch.inf
+    top = scores.topk(k, dim=1)
+    return top.values, top.indices
 
 
-def test_kmeans_lists_partition_the_catalogue() -> None:
-    x = clustered()
-    centroids = spherical_kmeans(x[1:], 8)
-    torch.testing.assert_close(centroids.norm(dim=1), torch.ones(8))
-    index = IVFIndex(x, n_lists=8)
-    assert sorted(index.order.tolist()) == list(range(len(x) - 1))  # every item in exactly one list
-    assert sum(index.list_sizes()) == len(x) - 1 and len(index.list_sizes()) == 8
+def recall(ids: torch.Tensor, truth: torch.Tensor) -> float:
+    return sum(len(set(a) & set(b)) for a, b in zip(ids.tolist(), truth.tolist(), strict=True)) / truth.numel()
+
+
+def queries(n: int, d: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def assert_exact(r: Retriever, vectors: torch.Tensor, bias: torch.Tensor | None, q: torch.Tensor, k: int,
+                 drop: list[list[int]] | None = None, exclude: list[list[int]] | None = None) -> None:
+    values, ids = r.search(q, k, exclude=exclude)
+    ref_values, ref_ids = full_ranking(vectors, bias, q, k, drop)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(values, ref_values, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_probing_every_list_is_exact(with_bias: bool) -> None:
-    x = clustered()
-    bias = torch.randn(len(x)) if with_bias else None
-    q = torch.randn(50, x.shape[1], generator=torch.Generator().manual_seed(1))
-    index = IVFIndex(x, bias, n_lists=16)
-    values, ids = index.search(q, 10, n_probe=16)
-    assert torch.equal(ids, exact_top(x, bias, q, 10))
-    expected = (q @ x.T + (0 if bias is None else bias)).gather(1, ids)
-    torch.testing.assert_close(values, expected)
+def test_exact_equals_the_full_ranking(with_bias: bool) -> None:
+    x, b = clustered()
+    bias = b if with_bias else None
+    q = queries(64, x.shape[1])
+    assert_exact(build_retriever("exact", x, bias), x, bias, q, 10)
 
 
-def test_few_lists_keep_high_recall_on_clustered_items() -> None:
-    x = clustered()
-    g = torch.Generator().manual_seed(2)
-    q = x[1 + torch.randint(len(x) - 1, (200,), generator=g)] + 0.3 * torch.randn(200, x.shape[1], generator=g)
-    index = IVFIndex(x, n_lists=40, n_probe=5)  # an eighth of the lists: ~1/8 of the items scored
-    _, ids = index.search(q, 10)
-    truth = exact_top(x, None, q, 10)
-    recall = sum(len(set(a) & set(b)) for a, b in zip(ids.tolist(), truth.tolist(), strict=True)) / truth.numel()
-    assert recall > 0.9
+def test_exact_with_exclusions_removals_and_additions() -> None:
+    x, b = clustered(n=500)
+    q = queries(8, x.shape[1])
+    r = build_retriever("exact", x, b)
+    _, top = full_ranking(x, b, q, 3)
+    exclude = [top[i, :2].tolist() if i % 2 else [] for i in range(len(q))]
+    assert_exact(r, x, b, q, 10, drop=exclude, exclude=exclude)
+    r.remove(top[:, 0].tolist())
+    removed = [top[:, 0].tolist()] * len(q)
+    assert_exact(r, x, b, q, 10, drop=removed)
+    new = torch.randn(5, x.shape[1]) * 3
+    assert r.add(new, torch.full((5,), 4.0)) == range(501, 506)
+    x2, b2 = torch.cat([x, new]), torch.cat([b, torch.full((5,), 4.0)])
+    assert_exact(r, x2, b2, q, 10, drop=removed)
+    r.restore(top[:, 0].tolist())
+    assert_exact(r, x2, b2, q, 10)
 
 
-def test_exclusions_padding_and_short_results() -> None:
-    x = clustered(n=30)
-    q = torch.randn(2, x.shape[1])
-    index = IVFIndex(x, n_lists=3)
-    top = exact_top(x, None, q, 3)
-    _, ids = index.search(q, 3, n_probe=3, exclude=[top[0, :1].tolist(), []])
-    assert top[0, 0] not in ids[0] and torch.equal(ids[1], top[1])
-    values, ids = index.search(q, 40, n_probe=3)  # more than the 30 items: the rest is padding
-    assert (ids[:, :30] > 0).all() and (ids[:, 30:] == 0).all() and torch.isinf(values[:, 30:]).all()
-    with pytest.raises(SeqrecError):
-        IVFIndex(torch.zeros(1, 4))
-
-
-def test_recommender_through_the_index_matches_exact(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+@torch.no_grad()
+def test_exact_equals_a_trained_models_ranking(tiny_dataset: PreparedDataset) -> None:
     from seqrec.config import build
+    from seqrec.data.batching import TrainBatches, eval_batches
     from seqrec.registry import build_model, model_config_class
-    from seqrec.serve import Recommender
-    from seqrec.train.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     cfg = build(model_config_class("sasrec"), {"name": "sasrec", "d": 16, "n_heads": 1}, "model")
     model = build_model(cfg, tiny_dataset.n_items, 8)
-    with torch.no_grad():
-        model.item_bias().normal_()  # type: ignore[union-attr]  # a bias the index must fold in
-    save_checkpoint(model, tmp_path / "ckpt", max_len=8, item_table=tiny_dataset.item_table)
-    exact = Recommender.from_run(tmp_path / "ckpt")
-    approx = Recommender.from_run(tmp_path / "ckpt")
-    index = approx.use_index(n_lists=4, n_probe=4)
-    assert index.n_lists == 4
-    for history, seen in ((["i1", "i2", "i3"], False), (["i4", "i5"], True)):
-        a = exact.recommend(history, k=5, exclude_seen=seen)
-        b = approx.recommend(history, k=5, exclude_seen=seen)
-        assert [r.item for r in a] == [r.item for r in b]
-        assert [r.score for r in a] == pytest.approx([r.score for r in b], abs=1e-5)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with torch.enable_grad():
+        for batch in list(TrainBatches(tiny_dataset, 8, 32, seed=0))[:20]:
+            opt.zero_grad()
+            model.loss(batch).backward()
+            opt.step()
+    model.eval()
+    h = torch.cat([model.encode(batch) for batch in eval_batches(tiny_dataset, "valid", 8, 64)])
+    emb, bias = model.item_embeddings(), model.item_bias()
+    assert bias is not None and float(bias.std()) > 0  # trained: the bias is part of the score
+    assert_exact(build_retriever("exact", emb, bias), emb, bias, h, 10)
+
+
+@pytest.mark.parametrize("kind", ANN_KINDS)
+def test_approximate_kinds_find_most_of_the_exact_top_and_score_it_exactly(kind: str) -> None:
+    x, b = clustered()
+    g = torch.Generator().manual_seed(2)
+    q = x[1 + torch.randint(len(x) - 1, (200,), generator=g)] + 0.3 * torch.randn(200, x.shape[1], generator=g)
+    r = build_retriever(kind, x, b)
+    values, ids = r.search(q, 10)
+    _, truth = full_ranking(x, b, q, 10)
+    assert recall(ids, truth) >= 0.9
+    torch.testing.assert_close(values, (q @ x.T + b).gather(1, ids), atol=1e-5, rtol=1e-6)  # float32 rounding
+    assert (values[:, :-1] >= values[:, 1:]).all()  # best first
+    r2 = build_retriever(kind, x, b, ef_search=1, n_probe=1)
+    assert recall(r2.search(q, 10)[1], truth) < recall(ids, truth)  # the knob matters: the test can fail
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+def test_an_added_item_that_is_best_is_found(kind: str) -> None:
+    x, b = clustered(n=1000)
+    r = build_retriever(kind, x, b)
+    q = queries(4, x.shape[1])
+    new = r.add(q[:1] * 0.1, torch.tensor([1000.0]))  # a huge bias: first for every query
+    assert list(new) == [1001] and r.n_items == 1001
+    values, ids = r.search(q, 5)
+    assert (ids[:, 0] == 1001).all()
+    torch.testing.assert_close(values[:, 0], q @ q[0] * 0.1 + 1000.0)
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+def test_removed_items_are_never_returned_and_can_come_back(kind: str) -> None:
+    x, b = clustered(n=1000)
+    r = build_retriever(kind, x, b)
+    q = queries(20, x.shape[1])
+    _, before = r.search(q, 10)
+    gone = sorted(set(before[:, :3].flatten().tolist()))
+    r.remove(gone)
+    _, after = r.search(q, 10, exclude=[before[i, 3:5].tolist() for i in range(len(q))])
+    assert not torch.isin(after, torch.tensor(gone)).any()
+    assert not any(set(after[i].tolist()) & set(before[i, 3:5].tolist()) for i in range(len(q)))
+    assert (after > 0).all()  # exclusions and tombstones do not starve k
+    r.restore(gone)
+    assert torch.equal(r.search(q, 10)[1], before)
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+def test_updated_vectors_keep_their_id(kind: str) -> None:
+    x, b = clustered(n=1000)
+    r = build_retriever(kind, x, b)
+    q = queries(3, x.shape[1])
+    r.update([7], q[:1] * 0.1, torch.tensor([1000.0]))
+    values, ids = r.search(q, 3)
+    assert (ids[:, 0] == 7).all() and r.n_items == 1000
+    torch.testing.assert_close(values[:, 0], q @ q[0] * 0.1 + 1000.0)
+    r.update([7], x[7:8], b[7:8])  # back: scores are the original ones again
+    values, ids = r.search(q, 10)
+    assert 7 not in ids[:, 0].tolist()
+    torch.testing.assert_close(values, (q @ x.T + b).gather(1, ids), atol=1e-5, rtol=1e-6)  # float32 rounding
+    if kind == "exact":
+        assert torch.equal(ids, full_ranking(x, b, q, 10)[1])
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+def test_fewer_reachable_items_than_k_pad_with_minus_inf_and_zero(kind: str) -> None:
+    x, b = clustered(n=20, clusters=3)
+    r = build_retriever(kind, x, b)
+    r.remove([1, 2, 3, 4, 5])
+    values, ids = r.search(queries(2, x.shape[1]), 30, exclude=[[6], []])
+    assert (ids[0, :14] > 5).all() and (ids[0, 14:] == 0).all() and torch.isneginf(values[0, 14:]).all()
+    assert (ids[1, :15] > 5).all() and (ids[1, 15:] == 0).all() and torch.isneginf(values[1, 15:]).all()
+    assert 6 not in ids[0].tolist() and sorted(ids[1, :15].tolist()) == list(range(6, 21))
+
+
+def test_ivf_is_rebuilt_when_an_item_exceeds_the_largest_norm(caplog: pytest.LogCaptureFixture) -> None:
+    x, b = clustered(n=1000)
+    r = build_retriever("ivf", x, b, n_probe=4)
+    assert isinstance(r, FaissRetriever)
+    q = queries(4, x.shape[1])
+    with caplog.at_level(logging.INFO, logger="seqrec.serve.ann"):
+        r.add(q[:1] * 0.1, torch.tensor([1.0]))  # fits: appended
+        assert "rebuilding" not in caplog.text
+        r.add(q[:1] * 50, torch.tensor([0.0]))  # longer than every item: the transform needs a new M
+    assert "rebuilding" in caplog.text
+    assert r.index.ntotal == 1002
+    _, ids = r.search(q[:1], 1)
+    assert ids.tolist() == [[1002]]
+
+
+def test_searches_run_while_items_are_added() -> None:
+    x, b = clustered(n=2000)
+    q = queries(16, x.shape[1])
+    for kind in INDEX_KINDS:
+        r = build_retriever(kind, x, b)
+        errors: list[BaseException] = []
+
+        def search(r: Retriever = r, errors: list[BaseException] = errors) -> None:
+            try:
+                for _ in range(30):
+                    values, ids = r.search(q, 5)
+                    assert (ids > 0).all() and torch.isfinite(values).all()
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        readers = [threading.Thread(target=search) for _ in range(2)]
+        for t in readers:
+            t.start()
+        for i in range(20):
+            r.add(torch.randn(3, x.shape[1]) * 0.1, torch.zeros(3))
+            r.remove([1 + i])
+        for t in readers:
+            t.join()
+        assert not errors, errors
+        assert r.n_items == 2060
+
+
+def test_bad_arguments_are_errors() -> None:
+    x, b = clustered(n=50)
+    with pytest.raises(SeqrecError):
+        build_retriever("annoy", x, b)
+    with pytest.raises(SeqrecError):
+        build_retriever("exact", torch.zeros(1, 4))
+    r = build_retriever("exact", x, b)
+    with pytest.raises(SeqrecError):
+        r.search(torch.zeros(2, 3), 5)
+    with pytest.raises(SeqrecError):
+        r.remove([51])
+    with pytest.raises(SeqrecError):
+        r.search(torch.zeros(2, x.shape[1]), 5, exclude=[[1]])
+
+
+def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "retrieval.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retrieval.py"), "--tiny", "--out", str(out)],
+                   check=True, cwd=ROOT, env=env, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    cat = result["catalogues"]["synthetic"]
+    assert set(cat["kinds"]) == set(INDEX_KINDS) and {key.split()[0] for key in cat["sweep"]} == set(ANN_KINDS)
+    assert {"inner product", "L2 transform"} <= set(cat["spaces"])
+    for r in cat["kinds"].values():
+        assert {"recall@10", "recall@100", "build_s", "index_bytes", "total_bytes", "latency_ms_p50",
+                "latency_ms_p99", "qps_batch256_2threads"} <= set(r)
+    assert cat["kinds"]["exact"]["recall@10"] == 1.0
+    assert {"machine", "command", "faiss"} <= set(result) and out.with_suffix(".png").is_file()
+
+
+def test_ties_go_to_the_lower_id() -> None:
+    x = torch.zeros(11, 2)
+    x[1:, 0] = torch.tensor([1.0, 2, 2, 2, 3, 3, 0, 0, 2, 1])  # scores for q = [1, 0]
+    r = build_retriever("exact", x)
+    values, ids = r.search(torch.tensor([[1.0, 0.0]]), 4)
+    assert ids.tolist() == [[5, 6, 2, 3]] and values.tolist() == [[3.0, 3.0, 2.0, 2.0]]
+    r.remove([5])
+    assert r.search(torch.tensor([[1.0, 0.0]]), 4)[1].tolist() == [[6, 2, 3, 4]]
