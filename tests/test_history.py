@@ -139,7 +139,7 @@ def test_recommender_index_path_matches_exact_with_a_history_bias(tiny_dataset: 
     save_checkpoint(model, tmp_path / "ckpt", max_len=8, item_table=tiny_dataset.item_table)
     exact = Recommender.from_run(tmp_path / "ckpt")
     approx = Recommender.from_run(tmp_path / "ckpt")
-    approx.use_index(n_lists=4, n_probe=4)
+    approx.use_index("ivf", n_lists=4, n_probe=4)
     longer = [f"i{j}" for j in range(1, 12)]  # 11 items: the oldest 3 are outside the model's window of 8
     for history, seen in ((["i1", "i2", "i3"], False), (["i4", "i5", "i4"], False), (["i4", "i5"], True),
                           (longer, False)):

@@ -45,7 +45,7 @@ def number(text: str, flag: str) -> float:
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
-    index = args.index or ("hnsw" if args.ann else "exact")
+    index = args.index or ("ivf" if args.ann else "exact")
     if args.n_probe is not None and index != "ivf":
         raise SeqrecError("--n-probe needs --index ivf")
     if args.n_probe is not None and args.n_probe < 1:
@@ -94,7 +94,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--candidates", help="rank only these raw item ids")
     r.add_argument("--index", choices=["exact", "hnsw", "ivf"],
                    help="how top-k is retrieved: exact (default), or a FAISS HNSW / IVF index of the item vectors")
-    r.add_argument("--ann", action="store_true", help="the same as --index hnsw")
+    r.add_argument("--ann", action="store_true", help="the same as --index ivf (the faster ANN index here)")
     r.add_argument("--n-probe", type=int, help="with --index ivf: lists opened per query")
     r.add_argument("--times", help="timestamps (seconds) of the --history items, for time features (gap, hour); "
                    "without them those features are missing")
