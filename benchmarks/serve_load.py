@@ -2,13 +2,15 @@
 loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of requests, a time cap).
 
     recommend   p50/p99 latency and requests/s of POST /recommend at concurrency 1, 8 and 32
-                (SASRec, d 64, 2 blocks, histories of 5-50 items, exact top-10 over 100k items)
+                (SASRec, d 64, 2 blocks, histories of 5-50 items, top-10 over 100k items, exact
+                and from the FAISS IVF index)
     live        1,000 items added by text (POST /items, one each, encoded by the packaged MiniLM)
                 to a UniSRec service while /recommend load runs at concurrency 8: failed requests,
                 and the time from each POST until the item is returned by the index (GET /similar of
                 the catalogue item whose text it copies: the same text is the same vector)
     sessions    time per session event with the KV cache against re-encoding the history, at
-                history length 10, 50 and 200 (in process, 1 thread, top-10 over 100k items)
+                history length 10, 50 and 200 (in process, 1 thread, exact top-10 over 100k items),
+                and the model's part alone (one cached step against encoding the whole history)
 
 The models have random weights: latency does not depend on what they learned. The server runs
 with 1 torch thread so that the load generator has the other core.
@@ -86,13 +88,13 @@ def free_port() -> int:
 class Server:
     """`seqrec serve RUN` in a subprocess on a free loopback port, logging to a file."""
 
-    def __init__(self, run: Path, log: Path, threads: int = 1) -> None:
+    def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact") -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
         self.log = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
-                                      "--threads", str(threads)], stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=ROOT)
+        cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
+               "--threads", str(threads), "--index", index]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         deadline = time.time() + 180
         while time.time() < deadline:
             try:
@@ -120,15 +122,15 @@ def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
     return [[f"i{i}" for i in h] for h in cuts]
 
 
-def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float) -> dict[str, Any]:
-    server = Server(run, WORK / "serve" / "recommend.log")
+def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str) -> dict[str, Any]:
+    server = Server(run, WORK / "serve" / f"recommend-{index}.log", index=index)
     try:
         bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
         asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
         out = {}
         for c in (1, 8, 32):
             out[str(c)] = asyncio.run(run_load("127.0.0.1", server.port, bodies, c, n_requests, cap)).summary()
-            print(f"/recommend concurrency {c}: {out[str(c)]}", flush=True)
+            print(f"/recommend ({index}) concurrency {c}: {out[str(c)]}", flush=True)
         return out
     finally:
         server.stop()
@@ -186,10 +188,20 @@ def bench_sessions(n_items: int, lengths: tuple[int, ...], repeats: int) -> dict
     rng = np.random.default_rng(0)
     out = {}
     for L in lengths:
-        times: dict[str, list[float]] = {"kv_cache": [], "re_encode": []}
+        times: dict[str, list[float]] = {m: [] for m in ("kv_cache", "re_encode", "encoder_kv_cache",
+                                                          "encoder_re_encode")}
         for r in range(repeats):
             events = [f"i{i}" for i in rng.integers(1, n_items + 1, L)]
-            for mode in times:
+            idx = rec.to_indices(events)
+            with torch.no_grad():  # the model alone: one cached step against the whole history
+                _, cache = model.extend(torch.tensor([idx[:-1]]), None)
+                t0 = time.perf_counter()
+                model.extend(torch.tensor([idx[-1:]]), cache)
+                times["encoder_kv_cache"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                rec.encode([idx])
+                times["encoder_re_encode"].append(time.perf_counter() - t0)
+            for mode in stores:
                 sessions, sid = stores[mode], f"{L}-{r}"
                 for item in events[:-1]:
                     sessions.add_event(sid, item)
@@ -200,6 +212,7 @@ def bench_sessions(n_items: int, lengths: tuple[int, ...], repeats: int) -> dict
                 sessions.end(sid)
         row = {m: float(np.median(v)) * 1e3 for m, v in times.items()}
         row["speedup"] = row["re_encode"] / row["kv_cache"]
+        row["encoder_speedup"] = row["encoder_re_encode"] / row["encoder_kv_cache"]
         out[str(L)] = row
         print(f"session event at length {L}: {row}", flush=True)
     return out
@@ -220,7 +233,8 @@ def main() -> None:
     build_unisrec(unisrec_run, n_items, titles)
     results = {"machine": machine(), "n_items": n_items, "tiny": args.tiny,
                "setup": "seqrec serve, 1 torch thread, exact top-10; loopback load generator (benchmarks/loadgen.py)",
-               "recommend": bench_recommend(sasrec_run, n_items, n_requests, cap),
+               "recommend": {index: bench_recommend(sasrec_run, n_items, n_requests, cap, index)
+                             for index in ("exact", "ivf")},
                "live": bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0),
                "sessions": bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200), 3 if args.tiny else 20)}
     out = args.out or RESULTS / ("serve_load_tiny.json" if args.tiny else "serve_load.json")

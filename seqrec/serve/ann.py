@@ -237,9 +237,11 @@ class ExactRetriever(Retriever):
     @staticmethod
     def _top(q: torch.Tensor, items: _Items, k: int, exclude: list[list[int]] | None
              ) -> tuple[np.ndarray, np.ndarray]:
-        scores = q @ items.vectors.T  # (q, N+1)
-        scores += items.bias
-        scores.masked_fill_(items.removed, -torch.inf)
+        scores = torch.addmm(items.bias, q, items.vectors.T)  # (q, N+1), bias added in the product's pass
+        if bool(items.removed[1:].any()):
+            scores.masked_fill_(items.removed, -torch.inf)
+        else:  # nothing removed but the padding: one column, not a pass over every score
+            scores[:, 0] = -torch.inf
         for r, drop in enumerate(exclude or []):
             if drop:
                 at = torch.as_tensor(drop, dtype=torch.long)
