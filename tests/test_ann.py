@@ -183,7 +183,7 @@ def test_ivf_is_rebuilt_when_an_item_exceeds_the_largest_norm(caplog: pytest.Log
     r = build_retriever("ivf", x, b, n_probe=4)
     assert isinstance(r, FaissRetriever)
     q = queries(4, x.shape[1])
-    with caplog.at_level(logging.INFO, logger="seqrec.serve.ann"):
+    with caplog.at_level(logging.INFO, logger="seqrec.serve.faiss_index"):
         r.add(q[:1] * 0.1, torch.tensor([1.0]))  # fits: appended
         assert "rebuilding" not in caplog.text
         r.add(q[:1] * 50, torch.tensor([0.0]))  # longer than every item: the transform needs a new M
