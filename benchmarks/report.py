@@ -164,7 +164,9 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
 def serve_load(d: dict[str, Any]) -> list[str]:
     rec, live, sess = d["recommend"], d["live"], d["sessions"]
     lines = ["## Serving: `seqrec serve` under load (loopback, this machine)", "",
-             f"{d['n_items']:,}-item catalogue; {d['setup']}. Random weights (latency does not depend on them). "
+             f"{d['n_items']:,}-item catalogue; `seqrec serve` with 1 torch thread, top-10 from the index named in "
+             "each row (the live catalogue and the sessions use the exact one); a loopback load generator "
+             "(`benchmarks/loadgen.py`) on the other core. Random weights (latency does not depend on them). "
              "Script: `benchmarks/serve_load.py`; file: `results/serve_load.json`.", "",
              "| POST /recommend: index | concurrency | requests | failed | requests/s | p50 ms | p90 ms | p99 ms |",
              "|---|---|---|---|---|---|---|---|"]

@@ -232,7 +232,8 @@ def main() -> None:
     build_sasrec(sasrec_run, n_items, 50)
     build_unisrec(unisrec_run, n_items, titles)
     results = {"machine": machine(), "n_items": n_items, "tiny": args.tiny,
-               "setup": "seqrec serve, 1 torch thread, exact top-10; loopback load generator (benchmarks/loadgen.py)",
+               "setup": "seqrec serve, 1 torch thread, top-10 from the index named in each row; loopback load "
+                        "generator (benchmarks/loadgen.py)",
                "recommend": {index: bench_recommend(sasrec_run, n_items, n_requests, cap, index)
                              for index in ("exact", "ivf")},
                "live": bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0),
