@@ -4,6 +4,8 @@ Item ids only grow (1..N; 0 is padding) and a removed item is a tombstone, so an
 holds never changes meaning. Writers (add, replace, remove) take `lock`; readers take no lock:
 they read `vectors`, a view of the first N+1 rows of a buffer that grows by doubling, and rows
 are written before N moves past them, so a reader sees a consistent catalogue of some size.
+These vectors live on the model's device, for the exact scores of history items and candidates;
+the retriever keeps its own copy where it searches (the CPU, for FAISS and the exact scorer).
 Shapes: N items, D width.
 """
 
