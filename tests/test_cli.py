@@ -112,3 +112,11 @@ def test_evaluate_a_refitted_run(home: Path, capsys: pytest.CaptureFixture[str])
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("valid", "test"))}
     assert f"{results['valid']['recall@10']:.4f}" in rows["valid"]
     assert f"{results['test']['recall@10']:.4f}" in rows["test"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from seqrec import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"seqrec {__version__}"

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from seqrec import __version__
 from seqrec.cli import data, recommend, serve, text, train
 from seqrec.errors import SeqrecError
 
@@ -22,6 +23,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seqrec", description="Sequential recommendation.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--version", action="version", version=f"seqrec {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for group in (data, train, recommend, text, serve):  # the order of `seqrec --help`
         group.add_commands(sub)
