@@ -260,3 +260,16 @@ def test_idle_sessions_expire(runs: dict[str, Path]) -> None:
     time.sleep(0.3)
     assert client.post("/sessions/new/events", json={"item": "i1"}).status_code == 200  # the idle one is gone
     assert client.get("/sessions/old").status_code == 404
+
+
+def test_chunked_body_over_the_limit_is_413(runs: dict[str, Path]) -> None:
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"]), limits=Limits(max_body_bytes=100)))
+
+    def chunks():  # no Content-Length: the limit is enforced while the body is read
+        yield b'{"history": ['
+        for _ in range(50):
+            yield b'"i1", '
+        yield b'"i1"]}'
+
+    got = client.post("/recommend", content=chunks(), headers={"content-type": "application/json"})
+    assert got.status_code == 413 and "100 bytes" in got.json()["error"]

@@ -26,7 +26,8 @@ DEFAULT_BUDGET = 1 << 25  # 32M float scores (128 MiB) live at once
 USER_BLOCK = 256  # users per group: a group's tile of scores is USER_BLOCK x TILE floats
 LANE_BYTES = 255 * 8  # comparison bytes per row counted at once (255 uint64 words: no byte lane overflows)
 TILE_CPU = LANE_BYTES  # items per tile on the CPU: 256 x 2040 x 4 B = 2 MiB, about an L2 cache
-TILE_CUDA = 1 << 16
+TILE_CUDA = 1 << 14  # with CUDA_GROUP users: 2048 x 16384 x 4 B = 128 MiB of scores per tile
+CUDA_GROUP = 2048
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def rank_targets(
         return torch.zeros(0, dtype=torch.long, device=h.device)
     cpu = h.device.type == "cpu"
     tile = tile or (TILE_CPU if cpu else TILE_CUDA)
-    group = USER_BLOCK if cpu else h.shape[0]
+    group = USER_BLOCK if cpu else min(h.shape[0], CUDA_GROUP)
     W = item_emb.float()
     b = None if item_bias is None else item_bias.float()
 
@@ -172,7 +173,7 @@ def _history_in_tile(scores: torch.Tensor, history: torch.Tensor, offsets: torch
         return
     col = torch.where(hit, history - lo, 0)
     if offsets is not None:
-        scores.scatter_add_(1, col, offsets * hit)
+        scores.scatter_add_(1, col, torch.where(hit, offsets, 0.0))  # not offsets * hit: inf * 0 is NaN
     if filter_seen:
         row = torch.arange(len(history), device=history.device)[:, None].expand_as(history)
         scores[row[hit], col[hit]] = -torch.inf

@@ -64,6 +64,12 @@ class Batcher:
                     results = await self.run(self.rec.recommend_indices, [j.history for j in jobs],
                                              [j.events for j in jobs], [j.k for j in jobs],
                                              [j.exclude_seen for j in jobs])
+                except asyncio.CancelledError:  # shutting down: no request is left waiting forever
+                    for job in [*jobs, *self._pending]:
+                        if not job.future.done():
+                            job.future.set_exception(RuntimeError("the service is shutting down"))
+                    self._pending = []
+                    raise
                 except Exception:
                     results = None
                 if results is None:  # one job's error must not fail the others: each alone tells its own

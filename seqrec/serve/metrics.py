@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from starlette.exceptions import HTTPException
 
 log = logging.getLogger("seqrec.serve")
 
 ROUTES = ("/recommend", "/recommend/batch", "/items", "/health", "/metrics", "/", "/docs", "/openapi.json")
 QUANTILES = (0.5, 0.9, 0.99)
+METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class RequestMiddleware:
                 message = await receive()
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(limit)
                 return dict(message)
 
             await self.app(scope, counted, send_status)
@@ -108,12 +110,17 @@ class RequestMiddleware:
         finally:
             seconds = time.perf_counter() - t0
             route = route_of(scope["path"])
-            self.metrics.observe(scope["method"], route, status, seconds)
+            method = scope["method"] if scope["method"] in METHODS else "other"  # a bounded label set
+            self.metrics.observe(method, route, status, seconds)
             log.info("%s %s %d %.2fms", scope["method"], scope["path"], status, seconds * 1e3)
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """Raised while the app reads a body without a Content-Length that outgrows the limit; an
+    HTTPException so that FastAPI's body reader passes it on as a 413 instead of a parse error."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over {limit} bytes")
 
 
 async def _reject(send: Any, status: int, message: str) -> None:

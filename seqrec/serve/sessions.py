@@ -104,21 +104,22 @@ class Sessions:
         with session.lock:
             if len(session.items) >= self.max_events:
                 raise SessionLimit(f"session {sid!r} has reached {self.max_events} events; start a new one")
-            session.items.append(idx)
+            items = [*session.items, idx]  # the session changes only once the model has run
             model, cat = self.rec.model, self.rec.catalogue
             device = cat.vectors.device
-            if not (self.kv_cache and model.can_extend() and len(session.items) <= self.rec.max_len):
-                session.cache = None  # beyond max_len the window slides: every position moves
-                states, batch = self.rec.encode([session.items])
+            if not (self.kv_cache and model.can_extend() and len(items) <= self.rec.max_len):
+                states, batch = self.rec.encode([items])  # beyond max_len the window slides: every position moves
+                session.items, session.cache = items, None
                 return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
-            # an item's text replaced since the cache was made changes its keys and values: rebuild
-            fresh = session.cache is not None and session.generation == cat.generation
-            new = [idx] if fresh else session.items
-            session.generation = cat.generation
-            states, session.cache = model.extend(torch.tensor([new], device=device),
-                                                 session.cache if fresh else None)
-            window = torch.tensor([session.items], device=device)
-            return self._answer(sid, session, states, window, k, exclude_seen, fresh or len(session.items) == 1)
+            # an item's text replaced since the cache was made changes its keys and values: rebuild. The
+            # generation is read before the model runs, so a replacement during it forces the next rebuild.
+            generation = cat.generation
+            fresh = session.cache is not None and session.generation == generation
+            states, cache = model.extend(torch.tensor([[idx]] if fresh else [items], device=device),
+                                         session.cache if fresh else None)
+            session.items, session.cache, session.generation = items, cache, generation
+            window = torch.tensor([items], device=device)
+            return self._answer(sid, session, states, window, k, exclude_seen, fresh or len(items) == 1)
 
     def _answer(self, sid: str, session: Session, states: torch.Tensor, window: torch.Tensor, k: int,
                 exclude_seen: bool, cached: bool) -> SessionView:
