@@ -252,3 +252,17 @@ def test_refit_of_a_given_model_starts_from_its_weights(tiny_dataset: PreparedDa
     assert meta["refit"]
     assert torch.all(dict(tested.named_parameters())[next(n for n, _ in given.named_parameters()
                                                           if n.endswith("pos_emb.weight"))] == 0.5)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_last_position_only_equals_the_full_stack(norm_first: bool) -> None:
+    """Encoding a history runs the top block for the last position only: the same state as the full stack."""
+    from seqrec.nn.transformer import Encoder, attention_mask
+
+    torch.manual_seed(0)
+    enc = Encoder(16, 3, 2, 32, 0.1, 0.1, norm_first).eval()
+    items = torch.tensor([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5], [0, 0, 0, 0, 9]])
+    x = torch.randn(3, 5, 16) * (items != 0).unsqueeze(-1)
+    mask = attention_mask(items, causal=True)
+    full, last = enc(x, mask)[:, -1:], enc(x, mask, last_only=True)
+    assert last.shape == (3, 1, 16) and torch.allclose(full, last, atol=1e-6)

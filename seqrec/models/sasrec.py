@@ -96,10 +96,12 @@ class SASRec(SequentialModel):
         x = x + self.pos_emb(positions)
         return self.emb_drop(self.emb_ln(x)) * (items != 0).unsqueeze(-1)
 
-    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """(B, L) left-padded items (+ event features) -> (B, L, D) states; state l has seen items[:, :l+1]."""
+    def hidden(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None = None,
+               last_only: bool = False) -> torch.Tensor:
+        """(B, L) left-padded items (+ event features) -> (B, L, D) states; state l has seen items[:, :l+1]
+        (`last_only`: (B, 1, D), the last state alone)."""
         positions = position_ids(items, self.max_len, align=self.config.positions_from)
-        return self.encoder(self.inputs(items, positions, events), attention_mask(items, causal=True))
+        return self.encoder(self.inputs(items, positions, events), attention_mask(items, causal=True), last_only)
 
     def can_extend(self) -> bool:
         return self.config.positions_from == "start" and self.feature_block is None
@@ -108,7 +110,7 @@ class SASRec(SequentialModel):
         return extend_causal(self, items, cache)
 
     def encode(self, batch: Batch) -> torch.Tensor:
-        return self.hidden(batch.items, batch.events)[:, -1]  # (B, D): the most recent position
+        return self.hidden(batch.items, batch.events, last_only=True)[:, -1]  # (B, D): the most recent position
 
     def item_embeddings(self) -> torch.Tensor:
         return (self.item_emb if self.out_emb is None else self.out_emb).weight  # tied: the input table

@@ -138,10 +138,12 @@ class UniSRec(SequentialModel):
         return v[inverse]
 
     def hidden(self, items: torch.Tensor, text: torch.Tensor | None = None,
-               events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """(B, L) left-padded items -> (B, L, D) causal states; `text` swaps in another view of the text."""
+               events: dict[str, torch.Tensor] | None = None, last_only: bool = False) -> torch.Tensor:
+        """(B, L) left-padded items -> (B, L, D) causal states (`last_only`: (B, 1, D), the last alone);
+        `text` swaps in another view of the text."""
         positions = position_ids(items, self.max_len, align=self.config.positions_from)
-        return self.encoder(self.inputs(items, positions, text, events), attention_mask(items, causal=True))
+        return self.encoder(self.inputs(items, positions, text, events), attention_mask(items, causal=True),
+                            last_only)
 
     def inputs(self, items: torch.Tensor, positions: torch.Tensor, text: torch.Tensor | None = None,
                events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -153,7 +155,7 @@ class UniSRec(SequentialModel):
         return self.drop(self.in_ln(x)) * (items != 0).unsqueeze(-1)
 
     def encode(self, batch: Batch) -> torch.Tensor:
-        return F.normalize(self.hidden(batch.items, events=batch.events)[:, -1], dim=-1)  # (B, D), unit length
+        return F.normalize(self.hidden(batch.items, events=batch.events, last_only=True)[:, -1], dim=-1)  # (B, D)
 
     def can_extend(self) -> bool:
         return self.config.positions_from == "start" and self.feature_block is None

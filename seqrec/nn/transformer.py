@@ -58,10 +58,14 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D), or (B, 1, D) for the last position only (keys and values still
+        come from every position)."""
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, D/H)
+        if last_only:
+            q, mask = q[:, :, -1:], mask[:, :, -1:]  # (B, H, 1, D/H), (B, 1, 1, L)
         if self.training and self.dropout > 0 and x.device.type == "cpu":
             # SDPA draws its dropout mask with bernoulli_, slow on CPU: same computation, byte-mask dropout
             att = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
@@ -71,7 +75,7 @@ class SelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
             )
-        return self.out(y.transpose(1, 2).reshape(B, L, D))
+        return self.out(y.transpose(1, 2).reshape(B, q.shape[2], D))
 
     def extend(self, x: torch.Tensor, past: LayerCache | None) -> tuple[torch.Tensor, LayerCache]:
         """x (B, T, D) new positions after the P cached ones -> (B, T, D), the cache grown to P + T.
@@ -102,11 +106,14 @@ class Block(nn.Module):
         self.drop = Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """`last_only`: the block's output at the last position only (B, 1, D); what encoding a
+        history needs from the top block, at a fraction of the attention and FFN work."""
+        res = x[:, -1:] if last_only else x
         if self.norm_first:
-            x = x + self.drop(self.attn(self.ln1(x), mask))
+            x = res + self.drop(self.attn(self.ln1(x), mask, last_only))
             return x + self.drop(self.ffn(self.ln2(x)))
-        x = self.ln1(x + self.drop(self.attn(x, mask)))
+        x = self.ln1(res + self.drop(self.attn(x, mask, last_only)))
         return self.ln2(x + self.drop(self.ffn(x)))
 
     def extend(self, x: torch.Tensor, past: LayerCache | None) -> tuple[torch.Tensor, LayerCache]:
@@ -131,9 +138,11 @@ class Encoder(nn.Module):
         )
         self.final_ln = nn.LayerNorm(d) if norm_first else nn.Identity()
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D) states, or (B, 1, D) for the last position only."""
+        top = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, last_only and i == top)
         return self.final_ln(x)
 
     @torch.no_grad()
