@@ -202,9 +202,10 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         return _info(rec, item_id)
 
     @app.get("/items", response_model=list[ItemInfo])
-    async def search_items(q: Annotated[str, Query(max_length=200)] = "",
+    def search_items(q: Annotated[str, Query(max_length=200)] = "",
                            limit: Annotated[int, Query(ge=1, le=100)] = 20) -> list[ItemInfo]:
-        """Items whose id or title contains `q` (case-insensitive), for pickers."""
+        """Items whose id or title contains `q` (case-insensitive), for pickers. A scan of the catalogue:
+        a plain `def`, so FastAPI runs it in its threadpool and it never holds up the event loop."""
         return [_info(rec, raw) for raw in _find(rec, q, limit)]
 
     @app.get("/similar/{item_id:path}", response_model=RecommendResponse)
