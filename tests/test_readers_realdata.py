@@ -36,6 +36,7 @@ COUNTS = {
     "amazon-scientific-2018-lcrec": (8317, 4344, 58492),
     "amazon-arts-2018-idonly": (22171, 9416, 174079),
     "diginetica-sample": (2986, 7139, 12391),
+    "amazon-games-2018": (50546, 16859, 440264),
 }
 # name -> (item table column, rows with non-empty text), None when the build has no text
 TEXT = {
@@ -49,6 +50,7 @@ TEXT = {
     "amazon-scientific-2018-lcrec": ("title", 4344),
     "amazon-arts-2018-idonly": None,
     "diginetica-sample": None,
+    "amazon-games-2018": ("title", 16859),
 }
 TIMED = {"ml-100k", "diginetica-sample"}
 _CACHE: dict[str, RawDataset] = {}
@@ -102,8 +104,13 @@ def test_counts_agree_with_sources_md(name: str) -> None:
     sources = SHARED_DATA / name / "SOURCES.md"
     if not sources.is_file():
         pytest.skip(f"{sources} is absent")
-    block = re.search(r"```json\n(.*?)```", sources.read_text(), re.DOTALL)
-    assert block is not None
+    text = sources.read_text()
+    block = re.search(r"```json\n(.*?)```", text, re.DOTALL)
+    if block is None:  # stated in prose: "N users, N items, N interactions"
+        found = re.search(r"([\d,]+) users, ([\d,]+) items, ([\d,]+) interactions", text)
+        assert found is not None, f"{sources} states no counts"
+        assert tuple(int(g.replace(",", "")) for g in found.groups()) == COUNTS[name]
+        return
     stats = json.loads(block.group(1))[name]
     stats = stats.get("full_reconstruction", stats)
     users = stats.get("users", stats.get("sessions"))
@@ -163,3 +170,17 @@ def test_ml100k_recbole_layout_equals_raw() -> None:
     assert recbole.items is not None
     assert recbole.items.frame.columns == ["item", "title", "year", "categories"]
     assert recbole.items.frame.row(0) == ("1", "Toy Story", "1995", "Animation, Children's, Comedy")
+
+
+def test_games_sequences_rebuild_the_files_splits() -> None:
+    """Leave-one-out on the rebuilt Games sequences gives back both files' targets and histories."""
+    frame = load("amazon-games-2018").interactions.frame
+    seqs = dict(frame.group_by("user", maintain_order=True).agg("item").iter_rows())
+    folder = SHARED_DATA / "amazon-games-2018"
+    for split, back in (("test", 1), ("valid", 2)):
+        lines = (folder / f"Games-6k.{split}.inter").read_text().splitlines()[1:]
+        for line in lines[:: len(lines) // 200]:
+            user, history, target = line.split("\t")
+            seq = seqs[user]
+            assert seq[-back] == target
+            assert seq[: len(seq) - back][-len(history.split()):] == history.split()

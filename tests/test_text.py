@@ -71,6 +71,8 @@ def test_cache_is_reused_when_unchanged_and_rebuilt_when_a_key_changes(
         assert not out.reused
         paths.add(out.path)
     assert count.calls == 6 and len(paths) == 6
+    # every item has text: the missing-text policy is not part of the key
+    assert text_embeddings(tiny_dataset, replace(base, missing="mean"), encoder_factory=count).reused
     # another encoder folder (different files) is another key, even with the same options
     other = encoder_dir.parent / "other-bert"
     shutil.copytree(encoder_dir, other)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -46,11 +47,29 @@ def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any
     return load_known(args.name, source), dict(KNOWN_DATASETS[args.name].prepare)
 
 
+def _with_item_table(raw: RawDataset, args: argparse.Namespace) -> RawDataset:
+    """`--items TABLE`: the table, joined on `--item-key`, becomes the dataset's catalogue."""
+    from seqrec.data.item_table import join_item_table, read_item_table
+
+    if not args.items:
+        for flag, value in (("--item-key", args.item_key), ("--text-template", args.text_template),
+                            ("--items-sep", args.items_sep)):
+            if value is not None:
+                raise SeqrecError(f"{flag} needs --items TABLE")
+        return raw
+    key = args.item_key or args.item_col or "item_id"
+    table = read_item_table(Path(args.items), key, args.items_sep)
+    return join_item_table(raw, table, args.text_template or "")
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from seqrec.data.prepare import PrepareOptions, prepare
 
     t0 = time.perf_counter()
     raw, defaults = _prepare_source(args)
+    raw = _with_item_table(raw, args)
+    if args.format and args.name:  # the dataset is called what the user named it, not after its file
+        raw = dataclasses.replace(raw, name=args.name)
     keys = ("dedupe", "kcore", "min_user_len", "split", "test_frac", "valid_frac")
     for key in keys:
         if getattr(args, key) is not None:
@@ -75,7 +94,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"dataset       {stats['name']}  ({stats['split']}, fingerprint {stats['fingerprint']})")
     print(f"users         {stats['users']:,}  ({stats['valid_users']:,} with a validation target, "
           f"{stats['test_users']:,} with a test target)")
-    print(f"items         {stats['items']:,}")
+    unused = stats["items_without_interactions"]
+    print(f"items         {stats['items']:,}" + (f"  ({unused:,} without interactions)" if unused else ""))
+    catalogue = stats.get("catalogue")
+    if catalogue:
+        print(f"item table    {catalogue['item_table']}: {catalogue['table_items']:,} items, "
+              f"{catalogue['table_items_without_interactions']:,} never in the log; "
+              f"{catalogue['log_items_without_row']:,} log items without a row"
+              + (f"; text {catalogue['text_template']!r}" if catalogue["text_template"] else ""))
     print(f"interactions  {stats['interactions']:,}  (density {stats['density']:.5f})")
     lengths = "  ".join(f"{k} {v:g}" for k, v in stats["length_percentiles"].items())
     print(f"length        mean {stats['length_mean']:.2f}  {lengths}")
@@ -102,10 +128,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pr = data.add_parser("prepare", help="raw files -> a prepared-dataset folder")
     pr.add_argument("name", nargs="?", help="a known dataset name (see the catalog), or the output name")
     pr.add_argument("--source", help="folder holding the known dataset's files")
-    pr.add_argument("--format", help="movielens, recbole, unisrec, s3rec, lcrec, csv, tsv, parquet")
+    pr.add_argument("--format", help="csv, tsv, parquet, jsonl, movielens, recbole, recbole-seq, unisrec, s3rec, "
+                    "lcrec, diginetica")
     pr.add_argument("--path", help="input file or folder for --format")
     for col in ("user-col", "item-col", "time-col", "sep", "time-format"):
         pr.add_argument(f"--{col}")
+    pr.add_argument("--items", metavar="TABLE",
+                    help="item table (CSV/TSV/Parquet/JSONL) joined on the item id; it becomes the catalogue")
+    pr.add_argument("--item-key", help="the item table's id column (default: --item-col, else item_id)")
+    pr.add_argument("--items-sep", help="the item table's separator when its suffix does not say")
+    pr.add_argument("--text-template", help='item text from the table\'s fields, e.g. "{title}. {brand}"')
     pr.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME)")
     pr.add_argument("--dedupe", choices=["none", "consecutive", "first"])
     pr.add_argument("--kcore", type=int)

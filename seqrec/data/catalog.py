@@ -27,6 +27,7 @@ from seqrec.data.readers import (
     read_movielens,
     read_p5_pseudo_text,
     read_recbole,
+    read_recbole_sequential,
     read_s3rec,
     read_table,
     read_unisrec,
@@ -151,6 +152,10 @@ KNOWN_DATASETS: dict[str, DatasetSpec] = {
     "amazon-arts-2018-idonly": DatasetSpec(
         "Amazon 2018 Arts (LC-Rec build), ASIN ids, no text", _load_lcrec("Arts")
     ),
+    "amazon-games-2018": DatasetSpec(
+        "Amazon 2018 Video Games (UniSRec pipeline), RecBole sequential files with titles",
+        lambda folder: read_recbole_sequential(folder),
+    ),
     "diginetica-sample": DatasetSpec(
         "DIGINETICA item-view sample (sessions as users), timestamps, no text",
         _load_diginetica,
@@ -176,12 +181,14 @@ def load_known(name: str, source: Path) -> RawDataset:
 FORMATS: dict[str, Callable[..., RawDataset]] = {
     "movielens": read_movielens,
     "recbole": read_recbole,
+    "recbole-seq": read_recbole_sequential,
     "unisrec": read_unisrec,
     "s3rec": read_s3rec,
     "lcrec": read_lcrec,
     "csv": functools.partial(read_table, sep=","),
     "tsv": functools.partial(read_table, sep="\t"),
     "parquet": read_table,
+    "jsonl": read_table,
     "table": read_table,
     "diginetica": read_diginetica,
 }

@@ -1,7 +1,7 @@
 """The prepared-dataset folder and its in-memory view.
 
 Folder layout (everything a later command needs, nothing pickled):
-    meta.json          name, source, counts, options, split, fingerprint
+    meta.json          name, source, counts, options, split, fingerprint, catalogue (the item-table join)
     items.parquet      idx (1..N), item (raw id), item fields (title, ...)
     users.parquet      idx (0..U-1), user (raw id)
     seq_offsets.npy    (U+1,) int64   CSR offsets into seq_items
@@ -50,6 +50,7 @@ def write_prepared(
     users: pl.DataFrame,
     events: dict[str, pl.Series],
     options: dict[str, Any],
+    catalogue: dict[str, Any] | None = None,
 ) -> PreparedDataset:
     raw_ids = item_table["item"].to_list()
     meta = {
@@ -65,6 +66,8 @@ def write_prepared(
         "options": options,
         "fingerprint": fingerprint(items, offsets, split, raw_ids),
     }
+    if catalogue is not None:
+        meta["catalogue"] = catalogue
     with atomic_dir(Path(dest)) as tmp:
         np.save(tmp / "seq_items.npy", items)
         np.save(tmp / "seq_offsets.npy", offsets)
@@ -160,6 +163,7 @@ class PreparedDataset:
         lengths = self.lengths
         q = np.percentile(lengths, [0, 25, 50, 75, 90, 99, 100]).tolist()
         n_users, n_items = self.n_users, self.n_items
+        counts = np.bincount(self.items, minlength=n_items + 1)[1:]
         return {
             "name": self.meta["name"],
             "users": n_users,
@@ -171,5 +175,7 @@ class PreparedDataset:
             "split": self.meta["options"].get("split"),
             "valid_users": int((self.split[:, 0] >= 0).sum()),
             "test_users": int((self.split[:, 1] >= 0).sum()),
+            "items_without_interactions": int((counts == 0).sum()),
             "fingerprint": self.fingerprint,
+            **({"catalogue": self.meta["catalogue"]} if "catalogue" in self.meta else {}),
         }

@@ -9,7 +9,9 @@ Steps, all vectorised with Polars:
    until none is left.
 4. users with fewer than `min_user_len` events are dropped (leave-one-out needs 3).
 5. id map: items become 1..N (0 is padding), users 0..U-1, both in sorted order
-   of their raw ids (numeric order when every id is an integer).
+   of their raw ids (numeric order when every id is an integer). When the item table
+   is the catalogue (`seqrec.data.item_table`), its items left without interactions
+   follow as N+1.., in the same order.
 6. split: leave-one-out (last event test, second-to-last validation), or the
    source's own split when the input is pre-split (UniSRec files), kept exactly, or
    a global time split ("time"): two cutoffs at the time quantiles 1 - test_frac -
@@ -157,6 +159,12 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
             f"(dedupe={options.dedupe}, kcore={options.kcore}, min_user_len={options.min_user_len})"
         )
     items = _index_map(frame["item"], start=1)
+    if raw.catalogue is not None and raw.items is not None:  # the item table is the catalogue: keep the rest
+        unused = raw.items.frame.filter(~pl.col("item").is_in(items["item"].implode()))["item"]
+        kept = _index_map(unused, start=items.height + 1)
+        items = pl.concat([items, kept])
+        log.info("%d catalogue item(s) without interactions kept as items %d..%d", kept.height,
+                 items.height - kept.height + 1, items.height)
     if items.height < 2:
         raise SeqrecError(f"{source}: only one distinct item ({items['item'][0]!r}) is left after filtering: "
                           "there is nothing to rank or recommend")
@@ -192,4 +200,5 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
         users=users.sort("idx"),
         events={c: frame[c] for c in extra},
         options={**asdict(options), **split_info, "raw_interactions": n_raw},
+        catalogue=raw.catalogue,
     )

@@ -8,10 +8,11 @@ name) raise `SeqrecError` with a one-line message naming the file and line.
 
     read_movielens(folder)                 raw GroupLens ml-100k (u.data, u.item, u.genre)
     read_recbole(dir_or_prefix, name)      RecBole atomic <name>.inter (+ .item)
+    read_recbole_sequential(dir, name)     RecBole sequential benchmark <name>.valid/.test.inter (+ .item)
     read_unisrec(dir_or_prefix, name)      UniSRec .train/.valid/.test.inter -> sequences + split
     read_s3rec(txt_path)                   S3-Rec / P5 `user item item ...` lines
     read_lcrec(inter_json, item_json, item2id, user2id)   LC-Rec / LETTER JSON
-    read_table(path, user_col, item_col, time_col, ...)   CSV / TSV / Parquet
+    read_table(path, user_col, item_col, time_col, ...)   CSV / TSV / Parquet / JSON lines
     read_diginetica(path)                  DIGINETICA item-view CSV (sessions as users)
     read_yelp_items, read_p5_pseudo_text, read_item_json  item-text tables (polars frames)
 
@@ -23,7 +24,7 @@ pseudo-text, not a real title).
 """
 
 from seqrec.data.readers_movielens import read_movielens
-from seqrec.data.readers_recbole import read_recbole
+from seqrec.data.readers_recbole import read_recbole, read_recbole_sequential
 from seqrec.data.readers_seq import (
     read_item_json,
     read_lcrec,
@@ -41,6 +42,7 @@ __all__ = [
     "read_movielens",
     "read_p5_pseudo_text",
     "read_recbole",
+    "read_recbole_sequential",
     "read_s3rec",
     "read_table",
     "read_unisrec",

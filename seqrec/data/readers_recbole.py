@@ -131,3 +131,86 @@ def _read_items(path: Path) -> pl.DataFrame:
         exprs.append(pl.when(col != "").then(col).alias(target))
     frame = body.select(exprs)
     return frame.select("item", *[c for c in frame.columns if c != "item"])
+
+
+def _find_sequential(dir_or_prefix: Path, name: str | None) -> tuple[Path, Path | None, Path | None]:
+    """(`<name>.test.inter`, `<name>.valid.inter` or None, the item file or None)."""
+    path = Path(dir_or_prefix)
+    if path.is_file() and path.name.endswith(".test.inter"):
+        folder, name = path.parent, path.name[: -len(".test.inter")]
+    elif path.is_dir():
+        folder = path
+        if name is None:
+            found = sorted(p.name[: -len(".test.inter")] for p in path.glob("*.test.inter"))
+            if len(found) != 1:
+                raise SeqrecError(f"{path}: expected exactly one <name>.test.inter file (RecBole's sequential "
+                                  f"benchmark layout), found {', '.join(found) or 'none'}")
+            name = found[0]
+    else:
+        raise SeqrecError(f"{path}: not a folder or a <name>.test.inter file")
+    test = folder / f"{name}.test.inter"
+    if not test.is_file():
+        raise SeqrecError(f"{test}: RecBole sequential test file not found")
+    valid = folder / f"{name}.valid.inter"
+    item: Path | None = folder / f"{name}.item"
+    if not (folder / f"{name}.item").is_file():  # e.g. Games-6k.*.inter beside Games.item
+        items = sorted(folder.glob("*.item"))
+        item = items[0] if len(items) == 1 else None
+    return test, valid if valid.is_file() else None, item
+
+
+def _sequence_rows(path: Path) -> pl.DataFrame:
+    """lineno, user, history (list of item tokens, oldest first) and target of a sequential file."""
+    body, types = read_atomic(path)
+    needed = ("user_id", "item_id_list", "item_id")
+    missing = [f for f in needed if f not in types]
+    if missing:
+        raise SeqrecError(f"{path}: no {', '.join(missing)} field(s); a sequential benchmark file has "
+                          f"{', '.join(needed)} (fields here: {', '.join(types)})")
+    rows = body.select(
+        "lineno",
+        pl.col("user_id").str.strip_chars().alias("user"),
+        pl.col("item_id_list").str.strip_chars().str.split(" ").list.eval(
+            pl.element().filter(pl.element() != "")).alias("history"),
+        pl.col("item_id").str.strip_chars().alias("target"),
+    )
+    dup = rows.filter(pl.col("user").is_duplicated())
+    if dup.height:
+        row = dup.row(-1, named=True)
+        raise SeqrecError(f"{path}, line {row['lineno']}: user {row['user']!r} has a second row")
+    empty = rows.filter((pl.col("user") == "") | (pl.col("target") == ""))
+    if empty.height:
+        raise SeqrecError(f"{path}, line {empty['lineno'][0]}: empty user_id or item_id")
+    return rows
+
+
+def read_recbole_sequential(dir_or_prefix: Path, name: str | None = None) -> RawDataset:
+    """RecBole's sequential benchmark files -> each user's full sequence (test history + test target).
+
+    `<name>.test.inter` holds one row per user: `item_id_list` (the history, oldest first,
+    truncated to the benchmark's maximum length) and `item_id` (the last item). When
+    `<name>.valid.inter` is present, each of its targets must be the last item of the test
+    history (the validation row is the test row shifted by one). Leave-one-out on the rebuilt
+    sequences gives back the files' own validation and test targets. Histories at the maximum
+    length may have lost their oldest items; how many is logged.
+    """
+    test, valid, item_path = _find_sequential(Path(dir_or_prefix), name)
+    rows = _sequence_rows(test)
+    if valid is not None:
+        check = _sequence_rows(valid).join(rows.select("user", pl.col("history").list.last().alias("_last")),
+                                           on="user", how="left")
+        bad = check.filter(pl.col("_last").is_null() | (pl.col("_last") != pl.col("target")))
+        if bad.height:
+            row = bad.row(0, named=True)
+            why = ("has no row in " + test.name) if row["_last"] is None else \
+                f"has validation target {row['target']!r} but its test history ends with {row['_last']!r}"
+            raise SeqrecError(f"{valid}, line {row['lineno']}: user {row['user']!r} {why}")
+    longest = rows["history"].list.len().max()
+    at_max = int((rows["history"].list.len() == longest).sum()) if longest else 0
+    if longest and at_max:
+        log.info("%s: %d of %d histories have the maximum length %d and may be truncated (oldest items lost)",
+                 test, at_max, rows.height, longest)
+    frame = rows.select("user", pl.concat_list("history", pl.col("target")).alias("item")).explode("item")
+    items = _read_items(item_path) if item_path is not None else None
+    log.info("read %s: %d users, %d interactions", test, rows.height, frame.height)
+    return make_dataset(frame, items, test.name[: -len(".test.inter")], test)

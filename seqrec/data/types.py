@@ -22,7 +22,6 @@ import polars as pl
 from seqrec.errors import SeqrecError
 
 INTERACTION_COLUMNS = ("user", "item", "timestamp")
-TEXT_FIELDS = ("title", "categories", "brand", "description")
 
 
 @dataclass(frozen=True)
@@ -67,3 +66,6 @@ class RawDataset:
     interactions: Interactions
     items: ItemTable | None
     name: str
+    # Set when the item table is the catalogue (`seqrec.data.item_table`): its items with no interaction
+    # are kept by `prepare`; the dict is the join report recorded in the prepared dataset's meta.
+    catalogue: dict | None = None

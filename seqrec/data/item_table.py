@@ -1,0 +1,91 @@
+"""Your own catalogue: an item table (CSV / TSV / Parquet / JSON lines) joined to any log on the item id.
+
+    seqrec data prepare shop --format csv --path events.csv --items items.parquet \
+        --item-key sku --text-template "{title}. {brand}. {categories}"
+
+The table's key column becomes `item` (ids compared as strings, exactly as written); every other
+column is kept as an item field (lists joined with ", "). With a text template, each item's text is
+built from the fields and stored as the `text` field, which `seqrec text encode` and the text models
+read. The table is the catalogue: its items with no interaction are kept (recommendable by text
+models; `seqrec data stats` counts them), and log items absent from it are counted and have no
+fields (their text follows the model's `text_missing` policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import polars as pl
+
+from seqrec.data.item_text import check_template, item_texts
+from seqrec.data.readers_table import TableFile, id_strings
+from seqrec.data.types import ItemTable, RawDataset
+from seqrec.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+
+def read_item_table(path: Path, item_key: str, sep: str | None = None) -> ItemTable:
+    """The table at `path`, keyed by its column `item_key` (renamed `item`); other columns as text."""
+    table = TableFile.of(Path(path), sep, "item table")
+    columns = table.columns()
+    if item_key not in columns:
+        raise SeqrecError(f"{table.path}: no item key column {item_key!r}; columns are {', '.join(columns)} "
+                          "(choose one with --item-key)")
+    frame = table.load(columns, text_cols=columns)
+    keys = frame[item_key]
+    empty = (keys.is_null() | (keys.cast(pl.Utf8).str.strip_chars() == "")).arg_true()
+    if empty.len():
+        raise SeqrecError(f"{table.row_label(int(empty[0]))}: empty item id in key column {item_key!r}")
+    keys = id_strings(keys, table).str.strip_chars()
+    duplicated = keys.is_duplicated().arg_true()
+    if duplicated.len():
+        first = int(duplicated[0])
+        again = next(int(i) for i in duplicated if keys[int(i)] == keys[first] and int(i) != first)
+        raise SeqrecError(f"{table.row_label(again)}: item id {keys[first]!r} in column {item_key!r} "
+                          f"repeats {table.row_label(first).rsplit(', ', 1)[1]}; an item table needs one row per item")
+    fields = [_as_text(frame[c]) for c in columns if c != item_key]
+    renamed = [s.rename(f"{s.name}_field") if s.name == "item" else s for s in fields]
+    out = pl.DataFrame([keys.rename("item"), *renamed])
+    log.info("read item table %s: %d items, fields %s", table.path, out.height, ", ".join(out.columns[1:]))
+    return ItemTable(out, str(table.path))
+
+
+def _as_text(values: pl.Series) -> pl.Series:
+    """One item field as stripped text (null when empty); lists joined with ", "."""
+    if isinstance(values.dtype, pl.List | pl.Array):
+        values = values.cast(pl.List(pl.Utf8)).list.join(", ")
+    elif isinstance(values.dtype, pl.Struct):
+        values = values.struct.json_encode()
+    text = pl.DataFrame({"v": values.cast(pl.Utf8).str.strip_chars()})
+    return text.select(pl.when(pl.col("v") != "").then(pl.col("v"))).to_series().rename(values.name)
+
+
+def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> RawDataset:
+    """`raw` with `table` as its catalogue (replacing any item fields the reader found)."""
+    frame = table.frame
+    if template:
+        check_template(template, frame.columns, table.source)
+        texts = item_texts(frame, template, table.source)
+        if all(t is None for t in texts):
+            raise SeqrecError(f"{table.source}: the text template {template!r} gives empty text for every item")
+        frame = frame.with_columns(pl.Series("text", texts, dtype=pl.Utf8))
+    logged = raw.interactions.frame["item"].unique()
+    known = frame["item"].is_in(logged.implode())
+    unmatched = logged.filter(~logged.is_in(frame["item"].implode()))
+    if unmatched.len() == logged.len():
+        shown = ", ".join(repr(v) for v in logged.sort().head(3).to_list())
+        raise SeqrecError(f"{table.source}: none of the log's {logged.len()} item ids (e.g. {shown}) is in the "
+                          "item table; check --item-key and the id format")
+    if unmatched.len():
+        shown = ", ".join(repr(v) for v in unmatched.sort().head(3).to_list())
+        log.warning("%s: %d of the log's %d items have no row in the item table (e.g. %s); they have no "
+                    "fields, and their text follows the model's text_missing policy",
+                    table.source, unmatched.len(), logged.len(), shown)
+    report = {"item_table": table.source, "table_items": frame.height,
+              "table_items_without_interactions": int((~known).sum()),
+              "log_items_without_row": int(unmatched.len()), "text_template": template}
+    log.info("item table joined: %s", report)
+    return dataclasses.replace(raw, items=ItemTable(frame, table.source), catalogue=report)
