@@ -11,6 +11,7 @@ import torch
 
 from seqrec.cli import main
 from seqrec.config import EvalConfig
+from seqrec.data.batching import history_batch
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.prepare import PrepareOptions, prepare
 from seqrec.eval.cold import cold_item_split, cold_mask, evaluate_cold_warm
@@ -99,3 +100,55 @@ def test_cold_item_split_and_cold_warm_metrics(tmp_path: Path, setup: tuple[Path
     out = evaluate_cold_warm(model, cold, "test", 8, EvalConfig(ks=[10]), torch.device("cpu"))
     assert out["n_cold"] == int(mask[targets].sum()) and out["n_cold"] + out["n_warm"] == len(targets)
     assert set(out["cold"]) >= {"recall@10", "ndcg@10"}
+
+
+def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Pre-train from a recipe file on domain b only, then use it on domain a with no training: as a
+    run folder (finetune --setting zero-shot) and straight from the pre-training run (evaluate --dataset)."""
+    enc, a, b = setup
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'[pretrain]\ndatasets = ["{b}"]\nepochs = 1\nmax_len = 8\nbatch_size = 16\nprogress = false\n'
+                      f'[model]\nd = 16\nn_layers = 1\nn_heads = 2\nd_ff = 32\ntext_dim = {TEXT_DIM}\n'
+                      f'text_max_length = 16\nn_experts = 2\ntext_encoder = "{enc}"\n')
+    pre = tmp_path / "pre"
+    run(capsys, "pretrain", "--config", str(recipe), "--out", str(pre))
+    card = json.loads((pre / "data_card.json").read_text())
+    assert [d["path"] for d in card["domains"]] == [str(b)] and card["recipe"] == str(recipe)
+    assert card["domains"][0]["users"] == 40 and card["text_encoder"]["encoder"] == str(enc)
+    zs = tmp_path / "zs"
+    out = run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
+    results = json.loads((zs / "results.json").read_text())
+    assert results["epochs_run"] == 0 and "zero-shot" in results["protocol"]["model_selection"]
+    direct = run(capsys, "evaluate", str(pre), "--dataset", str(a))
+    assert out.split("\n", 1)[1] == direct  # the same metrics, printed the same way
+    assert "Item number" in run(capsys, "recommend", str(zs), "--user", "u1", "-k", "3")
+    assert main(["evaluate", str(pre)]) == 2
+    assert "pre-training run" in capsys.readouterr().err
+
+
+def test_zero_shot_scores_depend_only_on_item_text(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    enc, _, b = setup
+    pre = tmp_path / "pre"
+    run(capsys, "pretrain", "--datasets", str(b), "--out", str(pre), *TINY, "--set", f'model.text_encoder="{enc}"',
+        "--set", "pretrain.epochs=1", "--set", "pretrain.max_len=8", "--set", "pretrain.batch_size=16",
+        "--set", "pretrain.progress=false")
+    # a target where items 3 and 7 share a text, and 5 has another
+    raw = synthetic_log(seed=0)
+    assert raw.items is not None
+    titles = raw.items.frame["title"].to_list()
+    titles[7] = titles[3]
+    from dataclasses import replace
+
+    from seqrec.data.types import ItemTable
+    table = ItemTable(raw.items.frame.with_columns(title=np.array(titles)), "twins")
+    target = prepare(replace(raw, items=table), PrepareOptions(), tmp_path / "twins").path
+    zs = tmp_path / "zs"
+    run(capsys, "finetune", str(target), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
+    model, _ = load_checkpoint(zs / "checkpoint")
+    ids = PreparedDataset.load(target).item_table.sort("idx")["item"].to_list()
+    i3, i7, i5 = (ids.index(f"i{k}") + 1 for k in (3, 7, 5))
+    with torch.no_grad():
+        scores = model.score(history_batch([[1, 2, 4]], 8))[0]
+    assert scores[i3] == scores[i7] and scores[i3] != scores[i5]

@@ -41,12 +41,21 @@ def _split_overrides(items: list[str], sections: tuple[str, ...]) -> dict[str, d
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from seqrec.config import build
+    from seqrec.config import build, load_toml
     from seqrec.models.unisrec import UniSRecConfig
     from seqrec.train.pretrain import PretrainConfig, pretrain
 
+    recipe = load_toml(Path(args.config)) if args.config else {}
+    unknown = set(recipe) - {"pretrain", "model"}
+    if unknown:
+        raise SeqrecError(f"{args.config}: a pre-training recipe has [pretrain] and [model] sections, not "
+                          f"{', '.join(sorted(unknown))}")
     sets = _split_overrides(list(args.set or []), ("pretrain", "model"))
-    names = [n for n in args.datasets.split(",") if n]
+    sets = {k: {**recipe.get(k, {}), **v} for k, v in sets.items()}
+    listed = args.datasets or ",".join(sets["pretrain"].get("datasets", []))
+    names = [n for n in listed.split(",") if n]
+    if not names:
+        raise SeqrecError("no datasets to pre-train on: give --datasets A,B or pretrain.datasets in the recipe")
     values = {**sets["pretrain"], "datasets": [str(resolve_dataset(n)) for n in names]}
     if args.negatives:
         values["negatives"] = args.negatives
@@ -54,7 +63,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     model_cfg = build(UniSRecConfig, {"name": "unisrec", **sets["model"]}, "model")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"pretrain-{'+'.join(names)}-{cfg.negatives}-{stamp}"
-    results = pretrain(cfg, model_cfg, run_dir)
+    results = pretrain(cfg, model_cfg, run_dir, recipe=args.config)
     print(f"run: {run_dir}  ({results['steps']} steps, {results['train_seconds']:.0f}s, "
           f"{results['sequences_per_s']:.0f} sequences/s, peak RSS {results['peak_rss_mb']:.0f} MB, "
           f"final loss {results['final_loss']:.4f})")
@@ -65,21 +74,33 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from seqrec.config import load_toml, resolve
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.loop import fit
-    from seqrec.train.transfer import finetune_config, finetune_model
+    from seqrec.train.transfer import Setting, finetune_config, finetune_model, pretrained_max_len
 
     raw = load_toml(Path(args.config)) if args.config else {}
     sets = _split_overrides(list(args.set or []), ("data", "model", "train", "eval"))
-    model_cfg = finetune_config(Path(getattr(args, "from")), args.setting,
+    setting: Setting = "inductive" if args.setting == "zero-shot" else args.setting
+    model_cfg = finetune_config(Path(getattr(args, "from")), setting,
                                 {**raw.pop("model", {}), **sets.pop("model")})
     raw["model"] = dataclasses.asdict(model_cfg)
+    # the pre-trained model's history length unless the config or --set says otherwise
+    raw.setdefault("data", {}).setdefault("max_len", pretrained_max_len(Path(getattr(args, "from"))))
     for section, values in sets.items():
         raw[section] = {**raw.get(section, {}), **values}
     cfg = resolve(raw)
     data = PreparedDataset.load(resolve_dataset(args.dataset))
-    model = finetune_model(Path(getattr(args, "from")), data, cfg.model, cfg.data.max_len)
+    model = None if args.setting == "zero-shot" else finetune_model(Path(getattr(args, "from")), data, cfg.model,
+                                                                     cfg.data.max_len)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
     cfg.data.dataset = str(data.path)
+    if args.setting == "zero-shot":
+        from seqrec.train.loop import pick_device
+        from seqrec.train.transfer import zero_shot
+
+        results = zero_shot(Path(getattr(args, "from")), data, cfg, run_dir, pick_device(cfg.train.device))
+        print(f"run: {run_dir}  (zero-shot: no training on {data.meta['name']})")
+        print_metrics(results)
+        return 0
     results = fit(cfg, data, run_dir, model=model)
     print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}, "
           f"{results['train_seconds']:.0f}s)")
@@ -106,7 +127,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     enc.add_argument("--no-progress", action="store_true")
     enc.set_defaults(fn=cmd_text_encode)
     pt = sub.add_parser("pretrain", help="UniSRec multi-domain pre-training")
-    pt.add_argument("--datasets", required=True, help="comma-separated prepared datasets")
+    pt.add_argument("--datasets", help="comma-separated prepared datasets (or pretrain.datasets in --config)")
+    pt.add_argument("--config", help="TOML recipe with [pretrain] and [model] (e.g. configs/pretrain.toml)")
     pt.add_argument("--negatives", choices=["in-batch", "moco"])
     pt.add_argument("--set", action="append", metavar="pretrain.KEY=V | model.KEY=V")
     pt.add_argument("--out", help="run folder (default runs/pretrain-...)")
@@ -114,7 +136,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ft = sub.add_parser("finetune", help="fine-tune a pre-trained UniSRec on a dataset")
     ft.add_argument("dataset")
     ft.add_argument("--from", required=True, help="pre-training run folder (or its checkpoint)")
-    ft.add_argument("--setting", choices=["inductive", "transductive"], default="inductive")
+    ft.add_argument("--setting", choices=["inductive", "transductive", "zero-shot"], default="inductive",
+                    help="zero-shot: no training; the target's item text alone (writes a run folder)")
     ft.add_argument("--config", help="TOML file with [data] [train] [eval] (and [model] overrides)")
     ft.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     ft.add_argument("--out", help="run folder")

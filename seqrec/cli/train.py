@@ -75,6 +75,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     run = Path(args.run)
     if not (run / "config.json").is_file():
         raise SeqrecError(f"{run}: not a run folder (no config.json)")
+    from seqrec.train.transfer import is_pretrain_run
+
+    if is_pretrain_run(run):
+        return evaluate_zero_shot(run, args)
     overrides = [f"eval.filter_seen={'true' if args.filter_seen else 'false'}"] if args.filter_seen is not None else []
     cfg = run_config(run, overrides)
     data = PreparedDataset.load(resolve_dataset(args.dataset or cfg.data.dataset))
@@ -87,6 +91,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
             raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
                               f"but {data.path} has {data.fingerprint}")
+        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
+    print_metrics(results)
+    return 0
+
+
+def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
+    """A pre-trained text model on a dataset it never trained on, through that dataset's item text alone."""
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.eval.evaluate import evaluate, protocol
+    from seqrec.train.loop import pick_device
+    from seqrec.train.transfer import finetune_model, zero_shot_config
+
+    if not args.dataset:
+        raise SeqrecError(f"{run} is a pre-training run: name the dataset to evaluate it on with --dataset")
+    cfg = zero_shot_config(run)
+    if args.filter_seen is not None:
+        cfg.eval.filter_seen = args.filter_seen
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    device = pick_device(cfg.train.device)
+    model = finetune_model(run, data, cfg.model, cfg.data.max_len).to(device).eval()
+    results: dict[str, Any] = {"protocol": {**protocol(data, cfg.eval, "test", cfg.data.max_len),
+                                            "model_selection": "none: zero-shot from " + str(run)}}
+    for split in ("valid", "test"):
         results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
     print_metrics(results)
     return 0

@@ -91,6 +91,8 @@ class PreparedDataset:
     split: np.ndarray  # (U, 2) int64
     times: np.ndarray | None
     _item_table: pl.DataFrame | None = field(default=None, repr=False)
+    # (U,) bool: the users whose events are training data (None: every user); see `with_training_users`
+    training_users: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, path: Path) -> PreparedDataset:
@@ -146,11 +148,25 @@ class PreparedDataset:
         split[:, 0] = -1
         return replace(self, split=split)
 
+    def with_training_users(self, fraction: float, seed: int) -> PreparedDataset:
+        """The same data with the training events of only a seeded random `fraction` of the users (at least
+        one); every user keeps their validation and test targets and, at evaluation, their whole history.
+        For data-efficiency studies: how good is a model that learnt from fewer users?"""
+        if not 0 < fraction <= 1:
+            raise SeqrecError(f"the fraction of training users must be in (0, 1], got {fraction}")
+        if fraction == 1:
+            return replace(self, training_users=None)
+        n = max(1, round(fraction * self.n_users))
+        keep = np.zeros(self.n_users, dtype=bool)
+        keep[np.random.default_rng(seed).choice(self.n_users, size=n, replace=False)] = True
+        return replace(self, training_users=keep)
+
     def train_end(self) -> np.ndarray:
         """(U,) number of leading events of each user that are training data."""
         valid, test = self.split[:, 0], self.split[:, 1]
         lengths = self.lengths
-        return np.where(valid >= 0, valid, np.where(test >= 0, test, lengths))
+        end = np.where(valid >= 0, valid, np.where(test >= 0, test, lengths))
+        return end if self.training_users is None else np.where(self.training_users, end, 0)
 
     def eval_positions(self, which: str) -> tuple[np.ndarray, np.ndarray]:
         """Users that have a `which` ("valid" or "test") target, and its position."""

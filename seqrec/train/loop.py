@@ -121,6 +121,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
+    data = data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     device = rank_device or pick_device(cfg.train.device)

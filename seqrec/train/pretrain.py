@@ -9,8 +9,8 @@ drawn from the joint sequences, so every batch mixes domains.
     L_seq-item  next item vs the other items of the batch (or a MoCo queue); same-item negatives masked
     L_seq-seq   a sequence vs its own augmented view (items dropped, words of the item text dropped)
 
-A run folder holds config.json, metrics.jsonl (loss, throughput, peak memory),
-results.json and checkpoint/ (a UniSRec over the joint catalogue; `seqrec
+A run folder holds config.json, data_card.json (domains, counts, encoder, recipe),
+metrics.jsonl (loss, throughput, peak memory), results.json and checkpoint/ (a UniSRec over the joint catalogue; `seqrec
 finetune` moves it to a new domain).
 """
 
@@ -182,11 +182,32 @@ class Pretrainer:
             momentum_update(self.model, self.key_model, self.cfg.momentum)
 
 
-def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path) -> dict[str, Any]:
+def data_card(datasets: list[PreparedDataset], domains: Domains, model_cfg: UniSRecConfig, cfg: PretrainConfig,
+              recipe: str | None) -> dict[str, Any]:
+    """What the pre-trained model learnt from: each domain's counts and fingerprint, the text encoder
+    and the recipe. Written as `data_card.json` in the run folder."""
+    rows = []
+    for data, (name, offset) in zip(datasets, domains.offsets.items(), strict=True):
+        train_events = int(data.train_end().sum())
+        rows.append({"domain": name, "path": str(data.path), "fingerprint": data.fingerprint,
+                     "users": data.n_users, "items": data.n_items, "interactions": len(data.items),
+                     "training_events": train_events, "item_offset": offset})
+    text = model_cfg.text_options()
+    return {"domains": rows, "users": sum(r["users"] for r in rows), "items": sum(r["items"] for r in rows),
+            "training_events": sum(r["training_events"] for r in rows),
+            "uses": "every user's training events (validation and test targets are held out)",
+            "text_encoder": {"encoder": text.encoder, "pooling": text.pooling, "max_length": text.max_length,
+                             "template": text.template, "missing": text.missing, "dim": model_cfg.text_dim},
+            "recipe": recipe, "pretrain": dataclasses.asdict(cfg)}
+
+
+def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path, recipe: str | None = None
+             ) -> dict[str, Any]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    domains = join_domains([PreparedDataset.load(Path(p)) for p in cfg.datasets], model_cfg, cfg.progress)
+    datasets = [PreparedDataset.load(Path(p)) for p in cfg.datasets]
+    domains = join_domains(datasets, model_cfg, cfg.progress)
     model = UniSRec(model_cfg, domains.data.n_items, cfg.max_len, domains.text)
     if model_cfg.whitening_init or model_cfg.adaptor == "whitening":
         model.adaptor.init_whitening(domains.text[1:], torch.Generator().manual_seed(cfg.seed))  # type: ignore[operator]
@@ -195,6 +216,7 @@ def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path) -> di
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", {"pretrain": dataclasses.asdict(cfg),
                                                  "model": dataclasses.asdict(model_cfg)})
+    write_json_atomic(run_dir / "data_card.json", data_card(datasets, domains, model_cfg, cfg, recipe))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     batches = TrainBatches(domains.data, cfg.max_len, cfg.batch_size, cfg.seed)

@@ -2,6 +2,8 @@
 
     inductive     item = MoE(text); the Transformer (and positions, input LN) frozen, the adaptor trained
     transductive  item = MoE(text) + E_id[item]; the ID table is new, trained with the adaptor
+    zero-shot     item = MoE(text) with the pre-trained weights as they are: no target event trains
+                  anything; the target's item text alone moves the model to its catalogue
 
 Everything that does not name an item (adaptor, positions, Transformer) is
 copied from the pre-trained checkpoint; the text buffer is the new domain's,
@@ -11,10 +13,12 @@ the ID table (transductive) starts from zero-mean noise, and a history bias
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from safetensors.torch import load_file
 
 from seqrec.config import build
@@ -22,7 +26,10 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
-from seqrec.train.checkpoint import read_meta, verify_checkpoint
+from seqrec.train.checkpoint import read_meta, save_checkpoint, verify_checkpoint
+
+if TYPE_CHECKING:
+    from seqrec.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +82,46 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
     log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
              sum(p.numel() for p in model.parameters() if p.requires_grad))
     return model
+
+
+def is_pretrain_run(path: Path) -> bool:
+    """A `seqrec pretrain` run folder (its config.json has a `pretrain` section)."""
+    config = Path(path) / "config.json"
+    return config.is_file() and isinstance(data := read_json(config), dict) and "pretrain" in data
+
+
+def pretrained_max_len(pretrained: Path) -> int:
+    return int(read_json(checkpoint_dir(pretrained) / "model.json")["max_len"])
+
+
+def zero_shot_config(pretrained: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """A run config for the pre-trained model on a new domain: its model (text only), its max_len."""
+    from seqrec.config import resolve
+
+    model = finetune_config(pretrained, "inductive", overrides)
+    return resolve({"model": dataclasses.asdict(model), "data": {"max_len": pretrained_max_len(pretrained)},
+                    "train": {"refit": False}})
+
+
+def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: Path,
+              device: torch.device) -> dict[str, Any]:
+    """The pre-trained model moved to `data` through its item text alone, written as a run folder (config,
+    checkpoint, results with validation and test metrics), so that evaluate, recommend, serve and export
+    use it like any trained run."""
+    from seqrec.data.io import write_json_atomic
+    from seqrec.train.loop import final_results
+
+    if cfg.data.max_len != pretrained_max_len(pretrained):
+        raise SeqrecError(f"pre-trained with max_len={pretrained_max_len(pretrained)}; use data.max_len equal to it")
+    cfg.train.refit = False
+    model = finetune_model(pretrained, data, cfg.model, cfg.data.max_len).to(device).eval()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cfg.to_dict())
+    save_checkpoint(model, run_dir / "checkpoint", max_len=cfg.data.max_len, item_table=data.item_table,
+                    extra={"epoch": 0, "zero_shot": True, "pretrained": str(pretrained),
+                           "dataset_fingerprint": data.fingerprint})
+    results = final_results(model, model, data, cfg, device, 0, [], 0.0)
+    results["protocol"]["model_selection"] = "none: zero-shot, no event of this dataset trained anything"
+    results["pretrained"] = str(pretrained)
+    write_json_atomic(run_dir / "results.json", results)
+    return results

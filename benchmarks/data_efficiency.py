@@ -1,0 +1,226 @@
+"""Data-efficiency curves: how good is each model when it learns from a fraction of the target's users?
+
+For each fraction f of the target's users (seeded sample; `data.train_fraction`), every method learns
+from those users' training events only, while validation and test are every user's, unchanged:
+leave-one-out, full ranking, seen items not filtered, the model chosen on validation NDCG@10 (no refit).
+
+    popularity       training-event counts of the sampled users (no model)
+    sasrec           SASRec from scratch (benchmarks/configs/sasrec-<target>.toml)
+    unisrec-scratch  UniSRec, text only, from scratch (benchmarks/configs/unisrec-<target>.toml)
+    pt-inductive     the pre-trained UniSRec fine-tuned text only, every weight trained
+    pt-transductive  the same with a new learned ID embedding added to the text vector
+    zero-shot        the pre-trained UniSRec with no training on the target (one value for every f)
+
+    python benchmarks/data_efficiency.py run --target amazon-scientific-unisrec --pretrained RUN [--jobs 2]
+    python benchmarks/data_efficiency.py report --target amazon-scientific-unisrec
+
+`run` is resumable: a run folder with results.json is not run again. `report` writes
+results/data_efficiency_<target>.json (every run, its command) and the plot beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, ROOT, WORK, machine, prepared, write_result
+
+from seqrec.data.dataset import PreparedDataset
+
+FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
+SMALL = 0.1  # fractions up to this one run every seed
+METHODS = ("sasrec", "unisrec-scratch", "pt-inductive", "pt-transductive")
+BUDGET_S = {0.01: 240, 0.05: 300, 0.1: 400, 0.25: 600, 1.0: 900}  # training-time cap per run
+SEQREC = str(ROOT / ".venv" / "bin" / "seqrec")
+
+
+def run_dir(target: str, method: str, fraction: float, seed: int) -> Path:
+    return WORK / "runs" / "data-efficiency" / target / f"{method}-f{fraction:g}-s{seed}"
+
+
+def command(method: str, target: Path, name: str, fraction: float, seed: int, pretrained: Path | None,
+            out: Path) -> list[str]:
+    """The seqrec command line of one run."""
+    common = ["--set", f"data.train_fraction={fraction}", "--set", f"data.train_fraction_seed={seed}",
+              "--set", f"train.seed={seed}", "--set", "train.refit=false", "--set", "train.progress=false",
+              "--set", "train.threads=1", "--set", f"train.time_budget_s={BUDGET_S[fraction]}", "--out", str(out)]
+    configs = ROOT / "benchmarks" / "configs"
+    if method == "sasrec":
+        return [SEQREC, "train", "--dataset", str(target), "--config", str(configs / f"sasrec-{name}.toml"), *common]
+    if method == "unisrec-scratch":
+        return [SEQREC, "train", "--dataset", str(target), "--config", str(configs / f"unisrec-{name}.toml"), *common]
+    if pretrained is None:
+        raise SystemExit(f"{method} needs --pretrained RUN")
+    setting = method.removeprefix("pt-")
+    return [SEQREC, "finetune", str(target), "--from", str(pretrained), "--setting", setting,
+            "--config", str(configs / f"unisrec-{name}.toml"), "--set", "model.freeze_encoder=false", *common]
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, float, int]]:
+    out = []
+    for fraction in args.fractions:
+        seeds = args.seeds if fraction <= SMALL else args.seeds[:1]
+        out += [(m, fraction, s) for m in args.methods for s in seeds]
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    data = prepared(args.target)
+    pretrained = Path(args.pretrained) if args.pretrained else None
+    if pretrained is not None:  # the zero-shot run: no training, one for every fraction
+        out = WORK / "runs" / "data-efficiency" / args.target / "zero-shot"
+        if not (out / "results.json").is_file():
+            execute([SEQREC, "finetune", str(data.path), "--from", str(pretrained), "--setting", "zero-shot",
+                     "--out", str(out)], out)
+    todo = [(m, f, s) for m, f, s in plan(args) if not (run_dir(args.target, m, f, s) / "results.json").is_file()]
+    print(f"{len(todo)} runs to do", flush=True)
+
+    def one(item: tuple[str, float, int]) -> None:
+        method, fraction, seed = item
+        out = run_dir(args.target, method, fraction, seed)
+        execute(command(method, data.path, args.target, fraction, seed, pretrained, out), out)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, todo))
+
+
+def execute(argv: list[str], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    log = out.parent / f"{out.name}.log"
+    with log.open("w") as fh:
+        done = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, check=False,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    (out.parent / f"{out.name}.cmd").write_text(shlex.join(argv) + "\n")
+    status = "ok" if done.returncode == 0 else f"FAILED ({done.returncode}), see {log}"
+    print(f"{out.name}: {status} in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def popularity(data: PreparedDataset, fraction: float, seed: int, k: int = 10) -> dict[str, float]:
+    """Items ranked by their training-event count among the sampled users; ties count against the target."""
+    view = data.with_training_users(fraction, seed)
+    end = view.train_end()
+    mask = np.arange(len(view.items)) - np.repeat(view.offsets[:-1], view.lengths) < np.repeat(end, view.lengths)
+    counts = np.bincount(view.items[mask], minlength=view.n_items + 1).astype(np.float64)
+    counts[0] = -np.inf
+    out = {}
+    for split in ("valid", "test"):
+        users, pos = view.eval_positions(split)
+        targets = view.items[view.offsets[users] + pos]
+        higher = np.searchsorted(np.sort(counts[1:]), counts[targets], side="left")  # items strictly below
+        rank = view.n_items - higher - 1  # items scoring >= the target, other than itself
+        hit = rank < k
+        out[f"{split}_recall@{k}"] = float(hit.mean())
+        out[f"{split}_ndcg@{k}"] = float(np.where(hit, 1 / np.log2(rank + 2), 0).mean())
+    return out
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    data = prepared(args.target)
+    root = WORK / "runs" / "data-efficiency" / args.target
+    rows: list[dict[str, Any]] = []
+    for results_file in sorted(root.glob("*/results.json")):
+        name = results_file.parent.name
+        res = json.loads(results_file.read_text())
+        cmd = (root / f"{name}.cmd").read_text().strip() if (root / f"{name}.cmd").is_file() else ""
+        if name == "zero-shot":
+            method, fraction, seed = "zero-shot", 0.0, 0
+        else:
+            method, f, s = name.rsplit("-", 2)
+            fraction, seed = float(f[1:]), int(s[1:])
+        rows.append({"method": method, "fraction": fraction, "seed": seed,
+                     "valid_ndcg@10": res["valid"]["ndcg@10"], **{f"test_{m}": res["test"][m] for m in
+                                                                  ("recall@10", "ndcg@10", "recall@50", "ndcg@50")},
+                     "best_epoch": res["checkpoint"]["epoch"], "epochs_run": res["epochs_run"],
+                     "train_seconds": res["train_seconds"], "command": cmd})
+    for fraction in FRACTIONS:
+        for seed in (args.seeds if fraction <= SMALL else args.seeds[:1]):
+            pop = popularity(data, fraction, seed)
+            rows.append({"method": "popularity", "fraction": fraction, "seed": seed,
+                         "valid_ndcg@10": pop["valid_ndcg@10"], "test_recall@10": pop["test_recall@10"],
+                         "test_ndcg@10": pop["test_ndcg@10"], "command": "popularity() in this script"})
+    summary = summarise(rows)
+    out = RESULTS / f"data_efficiency_{args.target}.json"
+    write_result(out, {"target": args.target, "pretrained": args.pretrained, "machine": machine(),
+                       "protocol": "leave-one-out, full ranking, seen items not filtered, chosen on validation "
+                                   "NDCG@10, no refit; training events of a seeded fraction of users",
+                       "budget_s": BUDGET_S, "summary": summary, "runs": rows})
+    plot(summary, args.target, out.with_suffix(".png"))
+    print(f"wrote {out}")
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Median and range of test NDCG@10 over seeds, per (method, fraction)."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["fraction"]), []).append(r)
+    out = []
+    for (method, fraction), rs in sorted(groups.items()):
+        vals = [r["test_ndcg@10"] for r in rs]
+        out.append({"method": method, "fraction": fraction, "seeds": len(rs),
+                    "test_ndcg@10_median": statistics.median(vals), "test_ndcg@10_min": min(vals),
+                    "test_ndcg@10_max": max(vals),
+                    "test_recall@10_median": statistics.median(r["test_recall@10"] for r in rs),
+                    "valid_ndcg@10_median": statistics.median(r["valid_ndcg@10"] for r in rs)})
+    return out
+
+
+def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in ("popularity", *METHODS):
+        pts = [s for s in summary if s["method"] == method]
+        if not pts:
+            continue
+        x = [p["fraction"] for p in pts]
+        y = [p["test_ndcg@10_median"] for p in pts]
+        err = [[p["test_ndcg@10_median"] - p["test_ndcg@10_min"] for p in pts],
+               [p["test_ndcg@10_max"] - p["test_ndcg@10_median"] for p in pts]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
+    zero = [s for s in summary if s["method"] == "zero-shot"]
+    if zero:
+        ax.axhline(zero[0]["test_ndcg@10_median"], color="k", linestyle="--", label="zero-shot (no target data)")
+    ax.set_xscale("log")
+    ax.set_xlabel("fraction of the target's training users")
+    ax.set_ylabel("test NDCG@10 (median over seeds)")
+    ax.set_title(f"data efficiency on {target}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["run", "report"])
+    p.add_argument("--target", default="amazon-scientific-unisrec")
+    p.add_argument("--pretrained", help="a `seqrec pretrain` run that never saw the target")
+    p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread)")
+    args = p.parse_args()
+    if args.action == "run":
+        cmd_run(args)
+    else:
+        cmd_report(args)
+
+
+if __name__ == "__main__":
+    main()
