@@ -7,7 +7,7 @@ STAMP := $(VENV)/.seqrec-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo serve-demo test lint typecheck unit clean
+.PHONY: setup demo serve-demo pretrained test lint typecheck unit clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,15 @@ serve-demo: setup
 	test -f $(SERVE_RUN)/results.json || $(VENV)/bin/seqrec train --dataset ml-100k \
 	  --config configs/ml-100k-sasrec.toml --set 'model.positions_from="start"' --out $(SERVE_RUN)
 	$(VENV)/bin/seqrec serve $(SERVE_RUN) --port $(PORT)
+
+# The universal pre-trained text model (configs/pretrain.toml) from the item-text domains in
+# ../shared/data; Scientific stays out (it is a target). Weights stay local: the data's terms.
+SHARED_DATA ?= ../shared/data
+PRETRAINED ?= runs/pretrained
+pretrained: setup
+	for d in amazon-games-2018 yelp-p5 amazon-beauty-p5 amazon-sports-p5 ml-100k; do \
+	  $(VENV)/bin/seqrec data prepare $$d --source $(SHARED_DATA) || exit 1; done
+	$(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED)
 
 lint: setup
 	$(VENV)/bin/ruff check seqrec tests benchmarks

@@ -73,3 +73,22 @@ def test_popularity_baseline_counts_ties_against_the_target(tiny_dataset: Prepar
     ranks = [int((counts[1:] >= counts[t]).sum()) - 1 for t in data.items[data.offsets[users] + pos]]
     ndcg = np.mean([1 / np.log2(r + 2) if r < 10 else 0 for r in ranks])
     assert got["test_ndcg@10"] == pytest.approx(ndcg)
+
+
+def test_repeat_rates_on_known_logs(tmp_path: Path) -> None:
+    import polars as pl
+
+    from seqrec.data.types import Interactions, RawDataset
+
+    def rates(seqs: dict[str, list[str]]) -> dict[str, float]:
+        rows = [(u, i, float(t)) for u, s in seqs.items() for t, i in enumerate(s)]
+        frame = pl.DataFrame(rows, schema=["user", "item", "timestamp"], orient="row")
+        raw = RawDataset(Interactions(frame, "t"), None, "t")
+        return prepare(raw, PrepareOptions(), tmp_path / str(len(list(tmp_path.iterdir())))).repeat_rates()
+
+    # training events: all but the last two of each user
+    assert rates({"u1": ["a", "b", "c", "d", "e"], "u2": ["c", "d", "e", "f", "g"]}) == {
+        "repeat_rate": 0.0, "consecutive_repeat_rate": 0.0}
+    got = rates({"u1": ["a", "a", "b", "a", "x", "y"], "u2": ["b", "c", "b", "z", "w", "v"]})
+    # later training events: u1 a, b, a (2 repeats, 1 consecutive); u2 c, b, z (1 repeat)
+    assert got == {"repeat_rate": pytest.approx(3 / 6), "consecutive_repeat_rate": pytest.approx(1 / 6)}

@@ -105,6 +105,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"interactions  {stats['interactions']:,}  (density {stats['density']:.5f})")
     lengths = "  ".join(f"{k} {v:g}" for k, v in stats["length_percentiles"].items())
     print(f"length        mean {stats['length_mean']:.2f}  {lengths}")
+    print(f"repeats       {stats['repeat_rate']:.1%} of training events return to an item the user had "
+          f"({stats['consecutive_repeat_rate']:.1%} repeat the item just before)")
     return 0
 
 

@@ -175,6 +175,24 @@ class PreparedDataset:
         users = np.flatnonzero(pos >= 0)
         return users, pos[users]
 
+    def repeat_rates(self) -> dict[str, float]:
+        """Over the training events that have an earlier event of the same user: the share whose item the
+        user already had (`repeat_rate`) and the share that repeat the item just before (`consecutive`).
+        Whether users return to items decides, e.g., whether a history bias should push seen items down."""
+        lengths = self.lengths
+        users = np.repeat(np.arange(self.n_users), lengths)
+        pos = np.arange(len(self.items)) - np.repeat(self.offsets[:-1], lengths)
+        training = pos < np.repeat(self.train_end(), lengths)
+        key = users.astype(np.int64) * (self.n_items + 1) + self.items
+        first = np.zeros(len(key), dtype=bool)
+        first[np.unique(key, return_index=True)[1]] = True  # np.unique keeps the first occurrence's index
+        later = training & (pos > 0)
+        consecutive = np.zeros(len(key), dtype=bool)
+        consecutive[1:] = (key[1:] == key[:-1]) & (pos[1:] > 0)
+        n = max(1, int(later.sum()))
+        return {"repeat_rate": float((later & ~first).sum() / n),
+                "consecutive_repeat_rate": float((later & consecutive).sum() / n)}
+
     def stats(self) -> dict[str, Any]:
         lengths = self.lengths
         q = np.percentile(lengths, [0, 25, 50, 75, 90, 99, 100]).tolist()
@@ -192,6 +210,7 @@ class PreparedDataset:
             "valid_users": int((self.split[:, 0] >= 0).sum()),
             "test_users": int((self.split[:, 1] >= 0).sum()),
             "items_without_interactions": int((counts == 0).sum()),
+            **self.repeat_rates(),
             "fingerprint": self.fingerprint,
             **({"catalogue": self.meta["catalogue"]} if "catalogue" in self.meta else {}),
         }
