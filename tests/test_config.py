@@ -46,7 +46,17 @@ def test_toml_file_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "configs").glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_config_resolves(path: Path) -> None:
     """The configs the README points to have no stale or misspelt key (unknown keys are errors)."""
-    cfg = resolve(load_toml(path), [])
+    raw = load_toml(path)
+    if "pretrain" in raw:  # a pre-training recipe: [pretrain] and [model]
+        from seqrec.config import build
+        from seqrec.models.unisrec import UniSRecConfig
+        from seqrec.train.pretrain import PretrainConfig
+
+        assert set(raw) == {"pretrain", "model"}
+        assert build(PretrainConfig, raw["pretrain"], "pretrain").datasets
+        assert build(UniSRecConfig, raw["model"], "model").name == "unisrec"
+        return
+    cfg = resolve(raw, [])
     assert cfg.model.name in path.stem
 
 

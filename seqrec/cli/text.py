@@ -88,6 +88,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         raw[section] = {**raw.get(section, {}), **values}
     cfg = resolve(raw)
     data = PreparedDataset.load(resolve_dataset(args.dataset))
+    from seqrec.train.auto import resolve_auto
+
+    resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
     model = None if args.setting == "zero-shot" else finetune_model(Path(getattr(args, "from")), data, cfg.model,
                                                                      cfg.data.max_len)
     stamp = time.strftime("%Y%m%d-%H%M%S")

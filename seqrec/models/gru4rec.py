@@ -112,12 +112,13 @@ class GRU4RecConfig:
     init_std: float = 0.02
     output_bias: bool = True
     tied: bool = True
-    history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
+    history_bias: bool | Literal["auto"] = False  # learned offset for items already in the history
+    # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
 
     def __post_init__(self) -> None:
         if self.n_layers < 1 or not 0 <= self.dropout < 1:
             raise SeqrecError("model.n_layers must be >= 1 and model.dropout in [0, 1)")
-        if self.history_bias and self.session_parallel:
+        if self.history_bias is True and self.session_parallel:
             raise SeqrecError("model.history_bias is not supported with model.session_parallel=true "
                               "(a lane's history would cross sessions)")
         check_loss_config(self)
@@ -142,7 +143,7 @@ class GRU4Rec(SequentialModel):
         if features is not None and config.session_parallel:
             raise SeqrecError("side features are not supported with model.session_parallel=true")
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
-        self.history = HistoryBias(max_len) if config.history_bias else None
+        self.history = HistoryBias(max_len) if config.history_bias is True else None
 
     def embed(self, items: torch.Tensor, events: dict[str, torch.Tensor] | None) -> torch.Tensor:
         x = self.item_emb(items)

@@ -59,7 +59,8 @@ class SASRecConfig:
     init_std: float = 0.02
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
     input_norm: bool = False  # LayerNorm(item + position) before the dropout, as BERT and RecBole's SASRec do
-    history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
+    history_bias: bool | Literal["auto"] = False  # learned offset for items already in the history
+    # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
 
     def __post_init__(self) -> None:
         check_encoder_config(self)
@@ -84,7 +85,7 @@ class SASRec(SequentialModel):
         self.objective = Objective(config, n_items)
         self.apply(normal_init(config.init_std))
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None  # own init
-        self.history = HistoryBias(max_len) if config.history_bias else None  # starts at 0: plain SASRec
+        self.history = HistoryBias(max_len) if config.history_bias is True else None  # starts at 0: plain SASRec
 
     def inputs(self, items: torch.Tensor, positions: torch.Tensor,
                events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:

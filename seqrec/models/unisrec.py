@@ -58,7 +58,8 @@ class UniSRecConfig:
     positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
-    history_bias: bool = False  # learned score offset for items already in the history (seqrec.nn.history)
+    history_bias: bool | Literal["auto"] = False  # learned offset for items already in the history
+    # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
     init_std: float = 0.02
     # how the text vectors are made (the key of the text cache; see seqrec.data.text)
     text_dim: int = 384
@@ -110,7 +111,7 @@ class UniSRec(SequentialModel):
             for module in self.sequence_encoder():
                 module.requires_grad_(False)
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
-        self.history = HistoryBias(max_len) if config.history_bias else None  # per domain: never transferred
+        self.history = HistoryBias(max_len) if config.history_bias is True else None  # per domain: never transferred
 
     def sequence_encoder(self) -> list[nn.Module]:
         """The parts shared across domains that inductive fine-tuning keeps frozen."""

@@ -36,7 +36,7 @@ def check_loss_config(cfg: Any) -> None:
         raise SeqrecError(f"model.n_negatives must be >= 1, got {cfg.n_negatives}")
     if not 0.0 <= cfg.gbce_t <= 1.0:
         raise SeqrecError(f"model.gbce_t must be in [0, 1], got {cfg.gbce_t}")
-    if getattr(cfg, "history_bias", False) and cfg.loss != "ce":
+    if getattr(cfg, "history_bias", False) is True and cfg.loss != "ce":
         raise SeqrecError("model.history_bias needs model.loss='ce' (its offsets enter the full softmax)")
     if cfg.negatives == "popularity" and cfg.loss not in ("sampled_softmax", "bce", "gbce"):
         raise SeqrecError("model.negatives='popularity' needs a sampled loss (sampled_softmax, bce, gbce)")

@@ -37,6 +37,7 @@ from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
+from seqrec.train.auto import resolve_auto
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
 from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, init_world, loss_module
 from seqrec.train.ema import WeightAverage
@@ -122,6 +123,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
     data = data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed)
+    decisions = resolve_auto(cfg.model, data)  # before the model is built; a given model was built decided
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     device = rank_device or pick_device(cfg.train.device)
@@ -198,6 +200,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
                             train_seconds)
     if init_items_from is not None:
         results["init_items_from"] = str(init_items_from)
+    if decisions:
+        results["auto"] = decisions
     write_json_atomic(run_dir / "results.json", results)
     learning_curve(loop.history, metric, run_dir / "curve.png")
     shutil.rmtree(state_dir, ignore_errors=True)  # the run is complete: nothing left to resume

@@ -1,0 +1,49 @@
+"""Settings read from the data: `"auto"` values of a model config, decided from the training split.
+
+    model.history_bias = "auto"   on when users rarely return to items they already have (repeat rate
+                                  of the training events below REPEAT_RATE_ON): the learned offset then
+                                  pushes seen items down, as the Amazon builds reward; off when repeats
+                                  are common (the model scores a return itself) or the loss is not the
+                                  full softmax the offset enters.
+
+`resolve_auto` replaces each "auto" by its decision before the model is built, logs it with its
+reason and returns the decisions, which the run records in results.json under `auto`; the saved
+config holds the decided value, so the run is reproducible without the data.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from seqrec.data.dataset import PreparedDataset
+
+log = logging.getLogger(__name__)
+
+REPEAT_RATE_ON = 0.05  # a history bias when fewer training events than this return to a seen item
+
+
+def resolve_auto(model_cfg: Any, data: PreparedDataset) -> list[dict[str, Any]]:
+    """Decide every "auto" setting of `model_cfg` (in place) from `data`'s training split."""
+    decisions = []
+    if getattr(model_cfg, "history_bias", None) == "auto":
+        decisions.append(_history_bias(model_cfg, data))
+    for d in decisions:
+        log.info("auto: model.%s = %s (%s)", d["key"], d["value"], d["reason"])
+    return decisions
+
+
+def _history_bias(model_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
+    rate = data.repeat_rates()["repeat_rate"]
+    if getattr(model_cfg, "loss", "ce") != "ce":
+        value, reason = False, f"model.loss={model_cfg.loss!r}: the offset needs the full softmax ('ce')"
+    elif getattr(model_cfg, "session_parallel", False):
+        value, reason = False, "GRU4Rec's session-parallel batches mix sessions in a lane"
+    elif rate < REPEAT_RATE_ON:
+        value, reason = True, (f"{rate:.1%} of training events return to an item the user had "
+                               f"(< {REPEAT_RATE_ON:.0%}): learn to push seen items down")
+    else:
+        value, reason = False, (f"{rate:.1%} of training events return to an item the user had "
+                                f"(>= {REPEAT_RATE_ON:.0%}): returns are common, the model scores them itself")
+    model_cfg.history_bias = value
+    return {"key": "history_bias", "value": value, "reason": reason, "repeat_rate": rate}

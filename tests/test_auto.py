@@ -1,0 +1,57 @@
+"""`"auto"` settings decided from the training data (seqrec.train.auto), on data where the answer is known."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from seqrec.cli import main
+from seqrec.config import resolve
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.prepare import PrepareOptions, prepare
+from seqrec.data.types import Interactions, RawDataset
+from seqrec.train.auto import resolve_auto
+
+
+def dataset(tmp_path: Path, repeats: bool) -> PreparedDataset:
+    """40 users of 8 events: each walks new items, or (repeats) cycles over two items."""
+    rows = []
+    for u in range(40):
+        for t in range(8):
+            item = (u + t) % 2 if repeats else (u + t) % 30
+            rows.append((f"u{u}", f"i{item}", float(t)))
+    frame = pl.DataFrame(rows, schema=["user", "item", "timestamp"], orient="row")
+    name = "repeats" if repeats else "fresh"
+    return prepare(RawDataset(Interactions(frame, name), None, name), PrepareOptions(), tmp_path / name)
+
+
+@pytest.mark.parametrize("model", ["sasrec", "gru4rec", "unisrec"])
+def test_history_bias_on_without_repeats_off_with_them(tmp_path: Path, model: str) -> None:
+    for repeats, expected in ((False, True), (True, False)):
+        cfg = resolve({"model": {"name": model, "history_bias": "auto"}})
+        decisions = resolve_auto(cfg.model, dataset(tmp_path, repeats))
+        assert cfg.model.history_bias is expected
+        assert [d["key"] for d in decisions] == ["history_bias"] and decisions[0]["value"] is expected
+        assert decisions[0]["repeat_rate"] == (0.0 if not repeats else 0.8)  # 4 of 5: the 2nd item is new
+
+
+def test_history_bias_off_for_a_sampled_loss_and_untouched_unless_auto(tmp_path: Path) -> None:
+    cfg = resolve({"model": {"name": "sasrec", "history_bias": "auto", "loss": "sampled_softmax"}})
+    assert resolve_auto(cfg.model, dataset(tmp_path, False))[0]["value"] is False
+    explicit = resolve({"model": {"name": "sasrec", "history_bias": False}})
+    assert resolve_auto(explicit.model, dataset(tmp_path, False)) == [] and explicit.model.history_bias is False
+
+
+def test_train_records_the_decision(tmp_path: Path) -> None:
+    data = dataset(tmp_path, False)
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", str(data.path), "--out", str(out), "--set", 'model.history_bias="auto"',
+            "--set", "model.d=8", "--set", "model.n_heads=1", "--set", "model.n_layers=1", "--set", "data.max_len=8",
+            "--set", "train.epochs=1", "--set", "train.progress=false"]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["auto"][0]["key"] == "history_bias" and results["auto"][0]["value"] is True
+    assert json.loads((out / "config.json").read_text())["model"]["history_bias"] is True
