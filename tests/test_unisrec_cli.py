@@ -152,3 +152,20 @@ def test_zero_shot_scores_depend_only_on_item_text(setup: tuple[Path, Path, Path
     with torch.no_grad():
         scores = model.score(history_batch([[1, 2, 4]], 8))[0]
     assert scores[i3] == scores[i7] and scores[i3] != scores[i5]
+
+
+def test_fine_tuning_can_choose_its_starting_point(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Epoch 0 (the pre-trained model as it came) is a validation candidate: an update too small to change
+    any weight cannot beat it, so the run keeps it, and it scores as the zero-shot run does."""
+    enc, a, b = setup
+    pre, ft, zs = tmp_path / "pre", tmp_path / "ft", tmp_path / "zs"
+    run(capsys, "pretrain", "--datasets", str(b), "--out", str(pre), *TINY, "--set", f'model.text_encoder="{enc}"',
+        "--set", "pretrain.epochs=1", "--set", "pretrain.max_len=8", "--set", "pretrain.batch_size=16",
+        "--set", "pretrain.progress=false")
+    run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
+    run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "inductive", "--out", str(ft),
+        "--set", "train.epochs=2", "--set", "train.lr=1e-15", "--set", "train.progress=false")
+    results = json.loads((ft / "results.json").read_text())
+    assert results["checkpoint"]["epoch"] == 0 and results["epochs_run"] == 2
+    assert results["valid"] == json.loads((zs / "results.json").read_text())["valid"]

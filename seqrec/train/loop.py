@@ -116,7 +116,8 @@ def selection_metric(ks: list[int]) -> str:
 def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         model: SequentialModel | None = None, init_items_from: Path | None = None,
         resume: bool = False) -> dict[str, Any]:
-    """Train with early stopping on validation, test the best checkpoint once.
+    """Train with early stopping on validation, test the best checkpoint once. A given `model` (one to
+    fine-tune) is evaluated before training too: validation may choose it as it came (epoch 0).
 
     `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table.
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
@@ -129,6 +130,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     device = rank_device or pick_device(cfg.train.device)
     L = cfg.data.max_len
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
+    given = model is not None
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
     model, opt, batches, step = setup(cfg, data, device, model, init_items_from, world)
     if world.main:  # only once the inputs have proved usable: a refused run leaves no folder behind
@@ -149,6 +151,12 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     # epochs after the saved state (an interrupted one) are dropped from the log
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in loop.history))
     start = time.perf_counter() - loop.elapsed_s
+    if given and not resume:  # fine-tuning: the starting point is a candidate too, as epoch 0
+        valid = evaluate(scored, data, "valid", L, cfg.eval, device)
+        loop.best, loop.best_epoch = valid[metric], 0
+        save_checkpoint(scored, ckpt, max_len=L, item_table=data.item_table,
+                        extra={"epoch": 0, "dataset_fingerprint": data.fingerprint})
+        log.info("epoch 0 (the given model, untrained here) %s %.4f", metric, valid[metric])
     for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
         if loop.stopped:
             break
