@@ -154,11 +154,21 @@ def cmd_report(args: argparse.Namespace) -> None:
     summary = summarise(rows)
     out = RESULTS / f"data_efficiency_{args.target}.json"
     write_result(out, {"target": args.target, "pretrained": args.pretrained, "machine": machine(),
+                       "pretraining": pretraining(Path(args.pretrained)) if args.pretrained else None,
                        "protocol": "leave-one-out, full ranking, seen items not filtered, chosen on validation "
                                    "NDCG@10, no refit; training events of a seeded fraction of users",
                        "budget_s": BUDGET_S, "summary": summary, "runs": rows})
     plot(summary, args.target, out.with_suffix(".png"))
     print(f"wrote {out}")
+
+
+def pretraining(run: Path) -> dict[str, Any]:
+    """The pre-trained model's data card (domains, counts, encoder, recipe) and its throughput and memory."""
+    results = json.loads((run / "results.json").read_text())
+    card = json.loads((run / "data_card.json").read_text())
+    keep = ("steps", "epochs_run", "train_seconds", "sequences_per_s", "targets_per_s", "final_loss",
+            "peak_rss_mb", "n_parameters")
+    return {"run": str(run), "data_card": card, **{k: results.get(k) for k in keep}}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -61,6 +61,8 @@ COLD_RUNS = {  # run folder -> command
     "sasrec-cold20": f"{STAGE} cold-sasrec",
     "unisrec-cold20-ft-in-batch-inductive": f"{STAGE} cold-unisrec",
     "unisrec-cold20-scratch-text": f"{STAGE} cold-unisrec-scratch",
+    "unisrec-cold20-pretrained-zero-shot": f"{STAGE} cold-zero-shot",
+    "unisrec-cold20-pretrained-inductive": f"{STAGE} cold-pretrained",
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
 MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")
