@@ -1,0 +1,20 @@
+"""benchmarks/scale.py runs end to end in its tiny mode (20k generated interactions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_scale_benchmark_tiny_mode() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--tiny"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["interactions"] == 20_000 and row["prepare"]["total_s"] > 0 and row["prepare"]["peak_rss_mb"] > 0
+    assert row["epoch"]["targets"] > 0 and row["epoch"]["epoch_targets"] > 0
+    assert row["evaluation"]["users"] == 500 and row["index"]["build_s"] > 0
