@@ -1,20 +1,49 @@
-"""Render benchmarks/RESULTS.md from the JSON files the benchmark scripts wrote.
+"""Render the results pages from the JSON files the benchmark scripts wrote.
 
-No number on that page is typed by hand: each table below reads one results file.
+No number on these pages is typed by hand: each table reads one results file.
+
+    benchmarks/RESULTS.md   every benchmark
+    docs/results.md         the quality, speed and serving results, every configuration tried
+    README.md               a headline table of the picked runs, between the results markers
 
     python benchmarks/report.py
+
+Sections, by what they measure: quality against published numbers (SASRec, UniSRec, the model zoo,
+losses, side features, the output layer, positions), speed against other libraries (RecBole, gensim),
+cost (evaluation, serving, retrieval, text encoding) and transfer (data efficiency). Table and number
+formats are in `tables.py`.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from common import RESULTS, ROOT
+from tables import (
+    DASH,
+    f4,
+    header,
+    history_bias,
+    loss_name,
+    mean_std,
+    metric_cells,
+    metric_row,
+    num,
+    row,
+    run_cells,
+    seconds_or,
+    section,
+    table,
+    value_range,
+)
 
 OUT = ROOT / "benchmarks" / "RESULTS.md"
+DOCS = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
 
 
 def load(name: str) -> Any:
@@ -22,21 +51,15 @@ def load(name: str) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def f4(x: float | None) -> str:
-    return "–" if x is None else f"{x:.4f}"
-
+# ---- quality against published numbers and between variants --------------------------------------
 
 PROTOCOL_STATED_UNFILTERED = {"amazon-scientific-unisrec"}
 
 
 def meets(test: dict[str, float], published: dict[str, Any]) -> str:
     if not test:
-        return "–"
+        return DASH
     return "yes" if all(test[k] >= v for k, v in published.items() if k != "source") else "no"
-
-
-def _history_bias(r: dict[str, Any]) -> bool:
-    return bool(r.get("config", {}).get("model", {}).get("history_bias"))
 
 
 def sasrec_quality(d: dict[str, Any]) -> list[str]:
@@ -45,7 +68,7 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
     # history bias (a seqrec option) are picked among themselves, so plain SASRec keeps its own pick
     best_valid: dict[tuple[str, bool], float] = {}
     for r in d.values():
-        group = (r["dataset"], _history_bias(r))
+        group = (r["dataset"], history_bias(r))
         best_valid[group] = max(best_valid.get(group, -1.0), r["valid"]["ndcg@10"])
     lines = ["## SASRec quality against the strongest published numbers", "",
              "Leave-one-out, full ranking over all items, max length 50, chosen on validation NDCG@10, "
@@ -70,17 +93,16 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
              "validation would choose among them: that row, not the best test row, is the fair comparison with "
              "a published number. "
              "Script: `benchmarks/sasrec_quality.py`; files: `results/sasrec_quality*.json`.", "",
-             "| run | history bias | refit | weight avg | valid N@10 | picked | R@10 | N@10 | R@50 | N@50 "
-             "| published R@10 / N@10 | meets | seen filtered R@10 | seen filtered N@10 | meets (seen filtered) "
-             "| best epoch | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows = sorted(d.items(), key=lambda kv: (kv[1]["dataset"], _history_bias(kv[1])))  # stable otherwise
-    picked_keys = {key for key, r in rows if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], _history_bias(r))]}
+             *header(["run", "history bias", "refit", "weight avg", "valid N@10", "picked", "R@10", "N@10", "R@50",
+                      "N@50", "published R@10 / N@10", "meets", "seen filtered R@10", "seen filtered N@10",
+                      "meets (seen filtered)", "best epoch", "train s"])]
+    rows = sorted(d.items(), key=lambda kv: (kv[1]["dataset"], history_bias(kv[1])))  # stable otherwise
+    picked_keys = {key for key, r in rows if r["valid"]["ndcg@10"] == best_valid[(r["dataset"], history_bias(r))]}
     for key, r in rows:
         t, pub, sf = r["test"], r["published"], r.get("test_seen_filtered", {})
         refit = "yes" if r["protocol"].get("refit") else "no"
         ema = r["config"]["train"].get("ema") or ""
-        hist = _history_bias(r)
+        hist = history_bias(r)
         picked = "yes" if key in picked_keys else ""
         # the UniSRec paper states its protocol (seen items not filtered): no filtered comparison there
         meets_filtered = "n/a" if r["dataset"] in PROTOCOL_STATED_UNFILTERED else meets(sf, pub)
@@ -99,20 +121,169 @@ def sasrec_quality(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def unisrec(d: dict[str, Any]) -> list[str]:
+    lines = ["## UniSRec on the Scientific files", "", "Script: `benchmarks/unisrec_runs.sh` + "
+             "`benchmarks/unisrec_report.py`; file: `results/unisrec.json` (each entry records its command). "
+             "Leave-one-out (the UniSRec split), full ranking, max length 50, chosen on validation NDCG@10; "
+             "`refit`: trained again on training + validation events for the chosen epoch count before the "
+             "test. d=64 (the paper: 300); text from all-MiniLM-L6-v2 (the paper: BERT-base); pre-training on "
+             "yelp-p5 + ml-100k (the paper: five Amazon domains). `valid N@10`: the validation-chosen model's "
+             "(before any refit); several recipes were tried, so compare recipes on it, not on the test columns. "
+             "`unisrec-text-then-id*`: two stages on the domain's own training events, text only "
+             "(`unisrec-scratch-text-norefit`), then text + ID starting from it with every weight trained. "
+             "`*-hist`: the same with seqrec's learned score offset for items already in the history "
+             "(`model.history_bias`); the evaluation is unchanged (seen items stay in the ranking), but this "
+             "Amazon build holds no repeated item, so the offset learns to push them down, much as a seen-item "
+             "filter would: a seqrec addition, not part of the paper's model.", "",
+             *header(["run", "refit", "valid N@10", "R@10", "N@10", "R@50", "N@50", "published (R@10 / N@10)",
+                      "best epoch", "train s"])]
+    for key, r in d.get("quality", {}).items():
+        pub = r.get("published") or {}
+        lines.append(metric_row(f"{key} | {'yes' if r.get('refit') else 'no'} | {f4(r.get('valid_ndcg@10'))}",
+                                 r["test"],
+                                 [f"{f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))}",
+                                  str(r.get("best_epoch", "")), f"{r.get('train_seconds', 0):.0f}"]))
+    cold = {k: v for k, v in d.get("cold", {}).items() if k != "split"}
+    if cold:
+        lines += ["", "Cold items: a split whose test targets (20% of the test-target items) never occur before "
+                  "the test; metrics by target kind.", "",
+                  *header(["run", "cold users", "cold R@10", "cold N@10", "cold R@50", "warm R@10", "warm N@10",
+                           "all N@10"])]
+        for key, r in cold.items():
+            c, w = r["cold"], r["warm"]
+            lines.append(f"| {key} | {r['n_cold']} | {c['recall@10']:.4f} | {c['ndcg@10']:.4f} | "
+                         f"{c['recall@50']:.4f} | {w['recall@10']:.4f} | {w['ndcg@10']:.4f} | "
+                         f"{r['all']['ndcg@10']:.4f} |")
+    pre = d.get("pretraining", {})
+    if pre:
+        lines += ["", "Pre-training throughput and peak memory (process RSS), one CPU thread.", "",
+                  *header(["run", "negatives", "batch", "queue", "positions", "steps", "epochs", "sequences/s",
+                           "targets/s", "final loss", "peak RSS MB"])]
+        for key, r in pre.items():
+            lines.append(f"| {key} | {r['negatives']} | {r['batch_size']} | "
+                         f"{r['queue_size'] if r['negatives'] == 'moco' else '–'} | {r['positions']} | {r['steps']} | "
+                         f"{r['epochs_run']} | {r['sequences_per_s']:.0f} | {r['targets_per_s']:.0f} | "
+                         f"{r['final_loss']:.3f} | {r['peak_rss_mb']:.0f} |")
+    enc = d.get("text_encoding", {})
+    if enc:
+        lines += ["", "Text encoding when each cache was first built (frozen encoder, both views: original and "
+                  "word-dropped; the machine was shared with other runs; `benchmarks/text_encode.py` measures "
+                  "it on its own).", "",
+                  *header(["dataset/cache key", "encoder", "items", "views", "seconds", "texts/s"])]
+        for key, r in enc.items():
+            lines.append(f"| {key} | {r['encoder']} | {r['items']} | {r['views']} | {r['seconds']:.0f} | "
+                         f"{r['texts_per_s']:.0f} |")
+    return lines
+
+
+ZOO_DATASETS = ["ml-100k", "amazon-beauty-p5", "amazon-sports-p5", "amazon-scientific-unisrec", "yelp-p5"]
+
+
+ZOO_MODELS = ["item2vec", "gru4rec", "sasrec", "bert4rec", "unisrec"]
+
+
+def zoo(d: dict[str, Any]) -> list[str]:
+    lines = ["## Model zoo", "", "Script: `benchmarks/zoo.py` (settings per dataset and model in its `DATASETS` and "
+             "`MODELS`); file: `results/zoo.json` (each entry records its command and full config). Leave-one-out, "
+             "full ranking over all items, seen items not filtered, model chosen on validation NDCG@10 "
+             "(patience 5; BERT4Rec 20), one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by "
+             "its training-time budget. UniSRec here is text only, from scratch, and runs where items have "
+             "real text (not Beauty or Sports, whose item text is generated ids). "
+             "Peak RSS is the cell's own process. Tags: `-long`, a 420 s (ml-100k) or 900 s budget instead of "
+             "the dataset's; `-recipe`, max length 50 with overlapping windows drawn afresh each epoch "
+             "(`data.stride=10 data.jitter=true`; for SASRec RecBole's layout too), as in "
+             "configs/ml-100k-*.toml (patience and budget may differ); `-hist`, the learned history bias; "
+             "`-p10`, patience 10; the overrides are in each entry.", "",
+             *header(["dataset", "model", "R@10", "N@10", "R@50", "N@50", "loss", "max len", "best / run epochs",
+                      "train s", "peak RSS MB"])]
+    order = {(ds, m): i for i, (ds, m) in enumerate((ds, m) for ds in ZOO_DATASETS for m in ZOO_MODELS)}
+    keys = sorted((k for k in d if "test" in d[k]),
+                  key=lambda k: (order.get((d[k]["dataset"], d[k]["model"]), len(order)), k))
+    for key in keys:
+        r = d[key]
+        cfg = r.get("config", {})
+        name = r["model"] + key.split("/", 1)[-1].removeprefix(r["model"])  # the model and the run's tag
+        lines.append(metric_row(f"{r['dataset']} | {name}", r["test"],
+                                 [loss_name(cfg.get("model", {})), str(cfg.get("data", {}).get("max_len", "")),
+                                  *run_cells(r)]))
+    return lines
+
+
+def losses(d: dict[str, Any]) -> list[str]:
+    lines = ["## SASRec losses", "", "Script: `benchmarks/loss_compare.py`; file: `results/loss_compare.json` "
+             "(each entry records its command and full config). One small SASRec (d 64, 1 block, 1 head, d_ff 64, "
+             "dropout 0.2, lr 1e-3, batch 128, max length 50), only the loss changed; leave-one-out, full ranking, "
+             "chosen on validation NDCG@10 (patience 10), one thread, the same training-time budget per loss "
+             "(\"budget\" marks a run it stopped). gBCE and BCE with k > 1 shift every logit by log(beta/k) "
+             "(see `seqrec/nn/losses.py`).", "",
+             *header(["run", "R@10", "N@10", "R@50", "N@50", "loss", "best / run epochs", "train s", "peak RSS MB"])]
+    for key, r in d.items():
+        if "test" in r:
+            lines.append(metric_row(key, r["test"], [loss_name(r["config"]["model"]), *run_cells(r)]))
+    return lines
+
+
+def _summary_table(d: dict[str, Any]) -> list[str]:
+    lines = [*header(["dataset / model / variant", "seeds", "R@10", "N@10", "R@50", "N@50", "parameters",
+                      "runs stopped by budget"])]
+    for key, cell in d["summary"].items():
+        metrics = [mean_std(cell, m) for m in ("recall@10", "ndcg@10", "recall@50", "ndcg@50")]
+        lines.append(f"| {key} | {len(cell['seeds'])} | " + " | ".join(metrics)
+                     + f" | {cell['n_parameters']:,} | {cell['stopped_by_budget']}/{len(cell['seeds'])} |")
+    return lines
+
+
+def features(d: dict[str, Any]) -> list[str]:
+    commands = sorted({r["command"] for r in d["runs"].values()})
+    return ["## Side features: none vs soft one-hot vs linear vs bucketised", "",
+            "Script: `benchmarks/features.py features`; file: `results/features.json` (every run, its config "
+            "and command). Test metrics, mean ± sample std over seeds. ml-100k: time gap (log1p), release year "
+            "(continuous, the variant's encoding) and genres (multi-valued embedding); diginetica-sample: time "
+            "gap. d=64, one block (SASRec) or one GRU layer, full CE, patience 5, and a training-time budget per "
+            "run, equal for every variant of a (dataset, model) pair. Commands: "
+            + "; ".join(f"`{c}`" for c in commands), "",
+            *_summary_table(d)]
+
+
+def output_layer(d: dict[str, Any]) -> list[str]:
+    commands = sorted({r["command"] for r in d["runs"].values()})
+    return ["## Output layer: tied + bias vs tied vs untied (SASRec)", "",
+            "Script: `benchmarks/features.py output`; file: `results/output_layer.json`. d=64, one block, full CE, "
+            "patience 5, equal training-time budget per run. Commands: " + "; ".join(f"`{c}`" for c in commands), "",
+            *_summary_table(d)]
+
+
+def positions(d: dict[str, Any]) -> list[str]:
+    lines = ["## Positions from the end or from the start (SASRec, ml-100k demo recipe)", "",
+             f"`{d['config']}` with `model.positions_from` end (default) or start (sessions can keep a KV cache), "
+             "one thread, no time budget; leave-one-out, full ranking, chosen on validation NDCG@10. "
+             "Script: `benchmarks/positions.py`; file: `results/positions.json`.", "",
+             *header(["positions from", "seed", "valid N@10", "test R@10", "test N@10", "test R@50", "test N@50",
+                      "best epoch"])]
+    for r in sorted(d["runs"], key=lambda r: (r["align"], r["seed"])):
+        lines.append(f"| {r['align']} | {r['seed']} | {r['valid_ndcg@10']:.4f} | {r['test_recall@10']:.4f} | "
+                     f"{r['test_ndcg@10']:.4f} | {r['test_recall@50']:.4f} | {r['test_ndcg@50']:.4f} | "
+                     f"{r['best_epoch']} |")
+    for align, m in d["median"].items():
+        lines.append(f"| {align}, median | | {m['valid_ndcg@10']:.4f} | {m['test_recall@10']:.4f} | "
+                     f"{m['test_ndcg@10']:.4f} | | {m['test_ndcg@50']:.4f} | |")
+    return lines
+
+
+# ---- speed and quality against other libraries (RecBole, gensim) ---------------------------------
+
 def speed(d: dict[str, Any]) -> list[str]:
     lines = ["## Speed: seqrec vs RecBole 1.2.1 SASRec on ml-100k (same machine, one run)", "",
              "Script: `benchmarks/speed_vs_recbole.py`; file: `results/speed_vs_recbole.json`. "
              f"Hyper-parameters: `{json.dumps(d['hyperparameters'])}`.", "",
-             "| library | best valid N@10 | test R@10 | test N@10 | test R@50 | test N@50 | wall s | CPU s | "
-             "peak RSS MB | time to RecBole's best valid N@10 |", "|---|---|---|---|---|---|---|---|---|---|"]
+             *header(["library", "best valid N@10", "test R@10", "test N@10", "test R@50", "test N@50", "wall s",
+                      "CPU s", "peak RSS MB", "time to RecBole's best valid N@10"])]
     for name, r in d["runs"].items():
         t = r.get("test") or {}
         reach = r.get("time_to_reach_recbole_best_s", r.get("time_to_best_s"))
         # older files recorded the children's maximum RSS, not each process's own peak: not shown
-        rss = "–" if r.get("self_peak_rss_mb") is None else f"{r['self_peak_rss_mb']:.0f}"
-        lines.append(f"| {name} | {f4(r['best_valid_ndcg@10'])} | {f4(t.get('recall@10'))} | {f4(t.get('ndcg@10'))} | "
-                     f"{f4(t.get('recall@50'))} | {f4(t.get('ndcg@50'))} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | "
-                     f"{rss} | {'not reached' if reach is None else f'{reach:.0f} s'} |")
+        lines.append(row([name, f4(r["best_valid_ndcg@10"]), *metric_cells(t), f"{r['wall_s']:.0f}",
+                          f"{r['cpu_s']:.0f}", num(r.get("self_peak_rss_mb")), seconds_or(reach)]))
     if "recbole_epoch_cap" in d:
         lines += ["", f"RecBole was capped at {d['recbole_epoch_cap']} epochs (recorded in the file); its best "
                   "validation NDCG@10 is the best within the cap. A seqrec sample is a window of up to max_len "
@@ -148,150 +319,14 @@ def speed(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def eval_cost(d: dict[str, Any]) -> list[str]:
-    m = d["median"]
-    return ["## Evaluation cost: full ranking, blocked", "",
-            f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
-            f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). Medians of {len(d['runs'])} runs, "
-            "each in a fresh process that also measures the matmul peak (a 4096² float32 product on the same "
-            "threads). Script: `benchmarks/eval_cost.py`; file: `results/eval_cost.json`.", "",
-            "| wall s | GFLOP/s | matmul peak GFLOP/s | fraction of peak | peak RSS MB | RSS before ranking MB |",
-            "|---|---|---|---|---|---|",
-            f"| {m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | {m['fraction_of_peak']:.2f} | "
-            f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
-
-
-def serve_load(d: dict[str, Any]) -> list[str]:
-    rec, live, sess = d["recommend"], d["live"], d["sessions"]
-    lines = ["## Serving: `seqrec serve` under load (loopback, this machine)", "",
-             f"{d['n_items']:,}-item catalogue; `seqrec serve` with 1 torch thread, top-10 from the index named in "
-             "each row (the live catalogue and the sessions use the exact one); a loopback load generator "
-             "(`benchmarks/loadgen.py`) on the other core. Random weights (latency does not depend on them). "
-             "Script: `benchmarks/serve_load.py`; file: `results/serve_load.json`.", "",
-             "| POST /recommend: index | concurrency | requests | failed | requests/s | p50 ms | p90 ms | p99 ms |",
-             "|---|---|---|---|---|---|---|---|"]
-    for index, rows in rec.items():
-        for c, r in rows.items():
-            lines.append(f"| {index} | {c} | {r['requests']:,} | {r['failed']} | {r['requests_per_s']:.0f} | "
-                         f"{r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} |")
-    load = live["load_during_adds"]
-    lines += ["", f"Live catalogue (UniSRec): {live['added']:,} items added by text, one POST each, while "
-              f"/recommend ran at concurrency 8: {live['add_failures']} failed POSTs, {load['failed']} failed of "
-              f"{load['requests']:,} /recommend requests (p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms); "
-              f"POST /items p50 {live['post_ms_p50']:.1f} ms, p99 {live['post_ms_p99']:.1f} ms; a new item is "
-              f"returned by the index {live['visible_s_p50'] * 1e3:.1f} ms (median) after its POST answered, at "
-              f"most {live['visible_s_max'] * 1e3:.1f} ms; {live['visible_within_1s']:,} of {live['added']:,} "
-              "within 1 s.", "",
-              "| session event at history length | event, KV cache ms | event, re-encoding ms | speed-up "
-              "| model alone, one cached step ms | model alone, whole history ms | speed-up |",
-              "|---|---|---|---|---|---|---|"]
-    for length, r in sess.items():
-        lines.append(f"| {length} | {r['kv_cache']:.2f} | {r['re_encode']:.2f} | {r['speedup']:.1f}× | "
-                     f"{r['encoder_kv_cache']:.2f} | {r['encoder_re_encode']:.2f} | {r['encoder_speedup']:.1f}× |")
-    lines += ["", "An event's time includes the exact top-10 over the whole catalogue, which the cache does not "
-              "change; the model-alone columns show what the cache saves."]
-    return lines
-
-
-def positions(d: dict[str, Any]) -> list[str]:
-    lines = ["## Positions from the end or from the start (SASRec, ml-100k demo recipe)", "",
-             f"`{d['config']}` with `model.positions_from` end (default) or start (sessions can keep a KV cache), "
-             "one thread, no time budget; leave-one-out, full ranking, chosen on validation NDCG@10. "
-             "Script: `benchmarks/positions.py`; file: `results/positions.json`.", "",
-             "| positions from | seed | valid N@10 | test R@10 | test N@10 | test R@50 | test N@50 | best epoch |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in sorted(d["runs"], key=lambda r: (r["align"], r["seed"])):
-        lines.append(f"| {r['align']} | {r['seed']} | {r['valid_ndcg@10']:.4f} | {r['test_recall@10']:.4f} | "
-                     f"{r['test_ndcg@10']:.4f} | {r['test_recall@50']:.4f} | {r['test_ndcg@50']:.4f} | "
-                     f"{r['best_epoch']} |")
-    for align, m in d["median"].items():
-        lines.append(f"| {align}, median | | {m['valid_ndcg@10']:.4f} | {m['test_recall@10']:.4f} | "
-                     f"{m['test_ndcg@10']:.4f} | | {m['test_ndcg@50']:.4f} | |")
-    return lines
-
-
-def _metric_row(key: str, t: dict[str, float], extra: list[str]) -> str:
-    cells = [f4(t.get(m)) for m in ("recall@10", "ndcg@10", "recall@50", "ndcg@50")]
-    return "| " + " | ".join([key, *cells, *extra]) + " |"
-
-
-ZOO_DATASETS = ["ml-100k", "amazon-beauty-p5", "amazon-sports-p5", "amazon-scientific-unisrec", "yelp-p5"]
-ZOO_MODELS = ["item2vec", "gru4rec", "sasrec", "bert4rec", "unisrec"]
-
-
-def _run_cells(r: dict[str, Any]) -> list[str]:
-    """Best epoch / epochs run (+ 'budget' when the time budget stopped it), train s, peak RSS MB."""
-    epochs = f"{r.get('best_epoch', '')} / {r.get('epochs_run', '')}"
-    epochs += " budget" if r.get("stopped_by_budget") else ""
-    rss = r.get("peak_rss_mb")
-    return [epochs, f"{r.get('train_seconds', 0):.0f}", "–" if rss is None else f"{rss:.0f}"]
-
-
-def _loss_name(model_cfg: dict[str, Any]) -> str:
-    loss = model_cfg.get("loss")
-    if model_cfg.get("name") == "unisrec":
-        return "cosine CE"
-    if loss is None:
-        return "SGNS"
-    if loss == "sampled_softmax":
-        return (f"SS k={model_cfg['n_negatives']} {model_cfg['negatives']}"
-                + (" logQ" if model_cfg.get("logq") else ""))
-    if loss in ("bce", "gbce"):
-        return f"{loss} k={model_cfg['n_negatives']}" + (f" t={model_cfg['gbce_t']}" if loss == "gbce" else "")
-    return "CE"
-
-
-def zoo(d: dict[str, Any]) -> list[str]:
-    lines = ["## Model zoo", "", "Script: `benchmarks/zoo.py` (settings per dataset and model in its `DATASETS` and "
-             "`MODELS`); file: `results/zoo.json` (each entry records its command and full config). Leave-one-out, "
-             "full ranking over all items, seen items not filtered, model chosen on validation NDCG@10 "
-             "(patience 5; BERT4Rec 20), one thread on a shared 2-core CPU; \"budget\" marks a cell stopped by "
-             "its training-time budget. UniSRec here is text only, from scratch, and runs where items have "
-             "real text (not Beauty or Sports, whose item text is generated ids). "
-             "Peak RSS is the cell's own process. Tags: `-long`, a 420 s (ml-100k) or 900 s budget instead of "
-             "the dataset's; `-recipe`, max length 50 with overlapping windows drawn afresh each epoch "
-             "(`data.stride=10 data.jitter=true`; for SASRec RecBole's layout too), as in "
-             "configs/ml-100k-*.toml (patience and budget may differ); `-hist`, the learned history bias; "
-             "`-p10`, patience 10; the overrides are in each entry.", "",
-             "| dataset | model | R@10 | N@10 | R@50 | N@50 | loss | max len | best / run epochs | train s | "
-             "peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    order = {(ds, m): i for i, (ds, m) in enumerate((ds, m) for ds in ZOO_DATASETS for m in ZOO_MODELS)}
-    keys = sorted((k for k in d if "test" in d[k]),
-                  key=lambda k: (order.get((d[k]["dataset"], d[k]["model"]), len(order)), k))
-    for key in keys:
-        r = d[key]
-        cfg = r.get("config", {})
-        name = r["model"] + key.split("/", 1)[-1].removeprefix(r["model"])  # the model and the run's tag
-        lines.append(_metric_row(f"{r['dataset']} | {name}", r["test"],
-                                 [_loss_name(cfg.get("model", {})), str(cfg.get("data", {}).get("max_len", "")),
-                                  *_run_cells(r)]))
-    return lines
-
-
-def losses(d: dict[str, Any]) -> list[str]:
-    lines = ["## SASRec losses", "", "Script: `benchmarks/loss_compare.py`; file: `results/loss_compare.json` "
-             "(each entry records its command and full config). One small SASRec (d 64, 1 block, 1 head, d_ff 64, "
-             "dropout 0.2, lr 1e-3, batch 128, max length 50), only the loss changed; leave-one-out, full ranking, "
-             "chosen on validation NDCG@10 (patience 10), one thread, the same training-time budget per loss "
-             "(\"budget\" marks a run it stopped). gBCE and BCE with k > 1 shift every logit by log(beta/k) "
-             "(see `seqrec/nn/losses.py`).", "",
-             "| run | R@10 | N@10 | R@50 | N@50 | loss | best / run epochs | train s | peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for key, r in d.items():
-        if "test" in r:
-            lines.append(_metric_row(key, r["test"], [_loss_name(r["config"]["model"]), *_run_cells(r)]))
-    return lines
-
-
 def _run_label(library: str, seed: str, r: dict[str, Any]) -> str:
     return library + (f" seed {seed}" if seed else "") + (" (earlier run, reused)" if r.get("reused") else "")
 
 
 def _median_row(model: str, library: str, over: dict[str, Any], reach_cell: str) -> str:
     t = over["test"]
-    return "| " + " | ".join([model, f"{library}, median of {len(over['seeds'])} seeds", "–", "–", f4(t["recall@10"]),
-                              f4(t["ndcg@10"]), f4(t["recall@50"]), f4(t["ndcg@50"]), "–", "–", "–",
-                              reach_cell]) + " |"
+    return row([model, f"{library}, median of {len(over['seeds'])} seeds", DASH, DASH, *metric_cells(t),
+                DASH, DASH, DASH, reach_cell])
 
 
 def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
@@ -299,29 +334,24 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
              "Script: `benchmarks/zoo_vs_recbole.py`; file: `results/zoo_vs_recbole.json` (hyper-parameters, "
              "protocol and commands inside). One thread each, one run after the other. RecBole's epochs are "
              "capped (column \"epochs\"): its best validation NDCG@10 is the best within the cap.", "",
-             "| model | library | epochs (cap) | best valid N@10 | test R@10 | test N@10 | test R@50 | test N@50 | "
-             "s / train epoch | wall s | peak RSS MB | time to RecBole's best valid N@10 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for model, row in d.items():
-        seeds = row.get("seqrec_seeds") or {"": row["seqrec"]}
-        rb_seeds = row.get("recbole_seeds") or {"": row["recbole"]}
+             *header(["model", "library", "epochs (cap)", "best valid N@10", "test R@10", "test N@10", "test R@50",
+                      "test N@50", "s / train epoch", "wall s", "peak RSS MB", "time to RecBole's best valid N@10"])]
+    for model, entry in d.items():
+        seeds = entry.get("seqrec_seeds") or {"": entry["seqrec"]}
+        rb_seeds = entry.get("recbole_seeds") or {"": entry["recbole"]}
         libs = [(_run_label("recbole", k if len(rb_seeds) > 1 else "", r), r, True) for k, r in rb_seeds.items()]
         libs += [(_run_label("seqrec", k, r), r, False) for k, r in seeds.items()]
         for lib, r, is_rb in libs:
             t = r.get("test") or {}
             epochs = f"{r['epochs_run']} (cap {r['epoch_cap']})" if is_rb else f"{r['epochs_run']}"
             reach = r.get("time_to_best_s") if is_rb else r.get("time_to_reach_recbole_best_s")
-            per_epoch = r.get("mean_train_epoch_s")
-            rss = r.get("self_peak_rss_mb")
-            lines.append("| " + " | ".join([
-                model, lib, epochs, f4(r["best_valid_ndcg@10"]), f4(t.get("recall@10")), f4(t.get("ndcg@10")),
-                f4(t.get("recall@50")), f4(t.get("ndcg@50")), "–" if per_epoch is None else f"{per_epoch:.1f}",
-                f"{r['wall_s']:.0f}", "–" if rss is None else f"{rss:.0f}",
-                "not reached" if reach is None else f"{reach:.0f} s"]) + " |")
-        rb_over = row.get("recbole_over_seeds")
+            lines.append(row([model, lib, epochs, f4(r["best_valid_ndcg@10"]), *metric_cells(t),
+                              num(r.get("mean_train_epoch_s"), 1), f"{r['wall_s']:.0f}",
+                              num(r.get("self_peak_rss_mb")), seconds_or(reach)]))
+        rb_over = entry.get("recbole_over_seeds")
         if rb_over and len(rb_over["seeds"]) > 1:
-            lines.append(_median_row(model, "recbole", rb_over, "–"))
-        over = row.get("seqrec_over_seeds")
+            lines.append(_median_row(model, "recbole", rb_over, DASH))
+        over = entry.get("seqrec_over_seeds")
         if over and len(over["seeds"]) > 1:
             reach = over["median_time_to_reach_recbole_best_s"]
             lines.append(_median_row(model, "seqrec", over, f"{over['reached_recbole_best']} of {len(over['seeds'])} "
@@ -344,11 +374,6 @@ def zoo_vs_recbole(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def section(title: str, intro: str, columns: list[str]) -> list[str]:
-    """A section's heading, introduction and table header."""
-    return [f"## {title}", "", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-
-
 def item2vec_gensim(d: dict[str, Any]) -> list[str]:
     lines = section(
         "item2vec: seqrec vs gensim Word2Vec on the same sentences",
@@ -363,67 +388,55 @@ def item2vec_gensim(d: dict[str, Any]) -> list[str]:
             if lib not in r:
                 continue
             x = r[lib]
-            per_epoch = x.get("seconds_per_epoch")
             reach = x["train_seconds"] if lib == "gensim" else x.get("train_seconds_to_gensim_valid")
-            lines.append(_metric_row(f"{name} | {lib}", x["test"], [
-                f"{x['train_seconds']:.1f}", "–" if per_epoch is None else f"{per_epoch:.2f}",
-                "not reached" if reach is None else f"{reach:.1f} s"]))
+            lines.append(metric_row(f"{name} | {lib}", x["test"], [
+                f"{x['train_seconds']:.1f}", num(x.get("seconds_per_epoch"), 2), seconds_or(reach, digits=1)]))
     return lines
 
 
-def unisrec(d: dict[str, Any]) -> list[str]:
-    lines = ["## UniSRec on the Scientific files", "", "Script: `benchmarks/unisrec_runs.sh` + "
-             "`benchmarks/unisrec_report.py`; file: `results/unisrec.json` (each entry records its command). "
-             "Leave-one-out (the UniSRec split), full ranking, max length 50, chosen on validation NDCG@10; "
-             "`refit`: trained again on training + validation events for the chosen epoch count before the "
-             "test. d=64 (the paper: 300); text from all-MiniLM-L6-v2 (the paper: BERT-base); pre-training on "
-             "yelp-p5 + ml-100k (the paper: five Amazon domains). `valid N@10`: the validation-chosen model's "
-             "(before any refit); several recipes were tried, so compare recipes on it, not on the test columns. "
-             "`unisrec-text-then-id*`: two stages on the domain's own training events, text only "
-             "(`unisrec-scratch-text-norefit`), then text + ID starting from it with every weight trained. "
-             "`*-hist`: the same with seqrec's learned score offset for items already in the history "
-             "(`model.history_bias`); the evaluation is unchanged (seen items stay in the ranking), but this "
-             "Amazon build holds no repeated item, so the offset learns to push them down, much as a seen-item "
-             "filter would: a seqrec addition, not part of the paper's model.", "",
-             "| run | refit | valid N@10 | R@10 | N@10 | R@50 | N@50 | published (R@10 / N@10) | best epoch "
-             "| train s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for key, r in d.get("quality", {}).items():
-        pub = r.get("published") or {}
-        lines.append(_metric_row(f"{key} | {'yes' if r.get('refit') else 'no'} | {f4(r.get('valid_ndcg@10'))}",
-                                 r["test"],
-                                 [f"{f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))}",
-                                  str(r.get("best_epoch", "")), f"{r.get('train_seconds', 0):.0f}"]))
-    cold = {k: v for k, v in d.get("cold", {}).items() if k != "split"}
-    if cold:
-        lines += ["", "Cold items: a split whose test targets (20% of the test-target items) never occur before "
-                  "the test; metrics by target kind.", "",
-                  "| run | cold users | cold R@10 | cold N@10 | cold R@50 | warm R@10 | warm N@10 | all N@10 |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for key, r in cold.items():
-            c, w = r["cold"], r["warm"]
-            lines.append(f"| {key} | {r['n_cold']} | {c['recall@10']:.4f} | {c['ndcg@10']:.4f} | "
-                         f"{c['recall@50']:.4f} | {w['recall@10']:.4f} | {w['ndcg@10']:.4f} | "
-                         f"{r['all']['ndcg@10']:.4f} |")
-    pre = d.get("pretraining", {})
-    if pre:
-        lines += ["", "Pre-training throughput and peak memory (process RSS), one CPU thread.", "",
-                  "| run | negatives | batch | queue | positions | steps | epochs | sequences/s | targets/s | "
-                  "final loss | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for key, r in pre.items():
-            lines.append(f"| {key} | {r['negatives']} | {r['batch_size']} | "
-                         f"{r['queue_size'] if r['negatives'] == 'moco' else '–'} | {r['positions']} | {r['steps']} | "
-                         f"{r['epochs_run']} | {r['sequences_per_s']:.0f} | {r['targets_per_s']:.0f} | "
-                         f"{r['final_loss']:.3f} | {r['peak_rss_mb']:.0f} |")
-    enc = d.get("text_encoding", {})
-    if enc:
-        lines += ["", "Text encoding when each cache was first built (frozen encoder, both views: original and "
-                  "word-dropped; the machine was shared with other runs; `benchmarks/text_encode.py` measures "
-                  "it on its own).", "",
-                  "| dataset/cache key | encoder | items | views | seconds | texts/s |", "|---|---|---|---|---|---|"]
-        for key, r in enc.items():
-            lines.append(f"| {key} | {r['encoder']} | {r['items']} | {r['views']} | {r['seconds']:.0f} | "
-                         f"{r['texts_per_s']:.0f} |")
+# ---- cost: evaluation, serving, retrieval, text encoding -----------------------------------------
+
+def eval_cost(d: dict[str, Any]) -> list[str]:
+    m = d["median"]
+    return ["## Evaluation cost: full ranking, blocked", "",
+            f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
+            f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). Medians of {len(d['runs'])} runs, "
+            "each in a fresh process that also measures the matmul peak (a 4096² float32 product on the same "
+            "threads). Script: `benchmarks/eval_cost.py`; file: `results/eval_cost.json`.", "",
+            *header(["wall s", "GFLOP/s", "matmul peak GFLOP/s", "fraction of peak", "peak RSS MB",
+                     "RSS before ranking MB"]),
+            f"| {m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | {m['fraction_of_peak']:.2f} | "
+            f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
+
+
+def serve_load(d: dict[str, Any]) -> list[str]:
+    rec, live, sess = d["recommend"], d["live"], d["sessions"]
+    lines = ["## Serving: `seqrec serve` under load (loopback, this machine)", "",
+             f"{d['n_items']:,}-item catalogue; `seqrec serve` with 1 torch thread, top-10 from the index named in "
+             "each row (the live catalogue and the sessions use the exact one); a loopback load generator "
+             "(`benchmarks/loadgen.py`) on the other core. Random weights (latency does not depend on them). "
+             "Script: `benchmarks/serve_load.py`; file: `results/serve_load.json`.", "",
+             *header(["POST /recommend: index", "concurrency", "requests", "failed", "requests/s", "p50 ms", "p90 ms",
+                      "p99 ms"])]
+    for index, rows in rec.items():
+        for c, r in rows.items():
+            lines.append(f"| {index} | {c} | {r['requests']:,} | {r['failed']} | {r['requests_per_s']:.0f} | "
+                         f"{r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} |")
+    load = live["load_during_adds"]
+    lines += ["", f"Live catalogue (UniSRec): {live['added']:,} items added by text, one POST each, while "
+              f"/recommend ran at concurrency 8: {live['add_failures']} failed POSTs, {load['failed']} failed of "
+              f"{load['requests']:,} /recommend requests (p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms); "
+              f"POST /items p50 {live['post_ms_p50']:.1f} ms, p99 {live['post_ms_p99']:.1f} ms; a new item is "
+              f"returned by the index {live['visible_s_p50'] * 1e3:.1f} ms (median) after its POST answered, at "
+              f"most {live['visible_s_max'] * 1e3:.1f} ms; {live['visible_within_1s']:,} of {live['added']:,} "
+              "within 1 s.", "",
+              *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
+                       "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
+    for length, r in sess.items():
+        lines.append(f"| {length} | {r['kv_cache']:.2f} | {r['re_encode']:.2f} | {r['speedup']:.1f}× | "
+                     f"{r['encoder_kv_cache']:.2f} | {r['encoder_re_encode']:.2f} | {r['encoder_speedup']:.1f}× |")
+    lines += ["", "An event's time includes the exact top-10 over the whole catalogue, which the cache does not "
+              "change; the model-alone columns show what the cache saves."]
     return lines
 
 
@@ -452,41 +465,54 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _mean_std(cell: dict[str, Any], metric: str) -> str:
-    return f"{cell[metric]['mean']:.4f} ± {cell[metric]['std']:.4f}"
+# ---- transfer -----------------------------------------------------------------------------------
+
+def _share(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
 
 
-def _summary_table(d: dict[str, Any]) -> list[str]:
-    lines = ["| dataset / model / variant | seeds | R@10 | N@10 | R@50 | N@50 | parameters | runs stopped by budget |",
-             "|---|---|---|---|---|---|---|---|"]
-    for key, cell in d["summary"].items():
-        metrics = [_mean_std(cell, m) for m in ("recall@10", "ndcg@10", "recall@50", "ndcg@50")]
-        lines.append(f"| {key} | {len(cell['seeds'])} | " + " | ".join(metrics)
-                     + f" | {cell['n_parameters']:,} | {cell['stopped_by_budget']}/{len(cell['seeds'])} |")
+def data_efficiency(d: dict[str, Any]) -> list[str]:
+    """Method × fraction of the target's users: median test NDCG@10 over seeds (min–max)."""
+    target = d["target"]
+    summary = d["summary"]
+    fractions = sorted({s["fraction"] for s in summary if s["method"] != "zero-shot"})
+    cells = {(s["method"], s["fraction"]): s for s in summary}
+    methods = list(dict.fromkeys(s["method"] for s in summary if s["method"] != "zero-shot"))
+    seeds = {f: max(s["seeds"] for s in summary if s["fraction"] == f) for f in fractions}
+
+    def cell(s: dict[str, Any] | None) -> str:
+        if s is None:
+            return DASH
+        if s["seeds"] == 1:
+            return f4(s["test_ndcg@10_median"])
+        return value_range(s["test_ndcg@10_median"], s["test_ndcg@10_min"], s["test_ndcg@10_max"])
+
+    intro = (f"Every method learns from the training events of a seeded fraction of {target}'s users "
+             "(`data.train_fraction`); validation and test are every user's, unchanged: leave-one-out, full "
+             "ranking, seen items not filtered, the model chosen on validation NDCG@10. Test NDCG@10, median over "
+             "seeds (min–max); seeds per fraction: "
+             + ", ".join(f"{_share(f)} {n}" for f, n in seeds.items())
+             + f". Script: `benchmarks/data_efficiency.py`; file: `results/data_efficiency_{target}.json` "
+             "(every run and its command).")
+    lines = [f"## Transfer: data efficiency on {target}", "", intro, "",
+             *table(["method", *(f"{_share(f)} of users" for f in fractions)],
+                    [[m, *(cell(cells.get((m, f))) for f in fractions)] for m in methods])]
+    zero = cells.get(("zero-shot", 0.0))
+    if zero is not None:
+        lines += ["", f"Zero-shot (the pre-trained model, no training on {target}): test NDCG@10 "
+                  f"{f4(zero['test_ndcg@10_median'])}, test R@10 {f4(zero['test_recall@10_median'])}."]
+    if d.get("pretrained"):
+        lines += ["", f"Pre-trained model: `{d['pretrained']}`."]
+    png = RESULTS / f"data_efficiency_{target}.png"
+    if png.is_file():
+        lines += ["", f"![data efficiency on {target}](results/{png.name})"]
     return lines
 
 
-def features(d: dict[str, Any]) -> list[str]:
-    commands = sorted({r["command"] for r in d["runs"].values()})
-    return ["## Side features: none vs soft one-hot vs linear vs bucketised", "",
-            "Script: `benchmarks/features.py features`; file: `results/features.json` (every run, its config "
-            "and command). Test metrics, mean ± sample std over seeds. ml-100k: time gap (log1p), release year "
-            "(continuous, the variant's encoding) and genres (multi-valued embedding); diginetica-sample: time "
-            "gap. d=64, one block (SASRec) or one GRU layer, full CE, patience 5, and a training-time budget per "
-            "run, equal for every variant of a (dataset, model) pair. Commands: "
-            + "; ".join(f"`{c}`" for c in commands), "",
-            *_summary_table(d)]
+# ---- the pages --------------------------------------------------------------------------------------
 
-
-def output_layer(d: dict[str, Any]) -> list[str]:
-    commands = sorted({r["command"] for r in d["runs"].values()})
-    return ["## Output layer: tied + bias vs tied vs untied (SASRec)", "",
-            "Script: `benchmarks/features.py output`; file: `results/output_layer.json`. d=64, one block, full CE, "
-            "patience 5, equal training-time budget per run. Commands: " + "; ".join(f"`{c}`" for c in commands), "",
-            *_summary_table(d)]
-
-
-SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
+Render = Callable[[Any], list[str]]
+SECTIONS: list[tuple[str, Render]] = [
     ("sasrec_quality.json", sasrec_quality),
     ("speed_vs_recbole.json", speed),
     ("eval_cost.json", eval_cost),
@@ -501,21 +527,13 @@ SECTIONS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("text_encoding.json", text_encoding),
     ("features.json", features),
     ("output_layer.json", output_layer),
+    ("data_efficiency_*.json", data_efficiency),
 ]
-HEADLINE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
-            "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json")
-README = ROOT / "README.md"
+# the sections of docs/results.md (the README's Results until the README became a manual)
+RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
+                "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
+                "data_efficiency_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-
-
-def inject_readme(block: list[str]) -> None:
-    """Replace the README's generated block (between the markers) with `block`."""
-    text = README.read_text()
-    if START not in text or END not in text:
-        return
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(head + START + "\n" + "\n".join(block) + "\n" + END + tail)
 
 
 def merged(prefix: str) -> dict[str, Any] | None:
@@ -526,24 +544,122 @@ def merged(prefix: str) -> dict[str, Any] | None:
     return out or None
 
 
+def sources(name: str) -> Iterator[Any]:
+    """The data of a section: one file, the merged sasrec_quality*.json, or each file of a glob."""
+    if name == "sasrec_quality.json":
+        data = merged("sasrec_quality")
+        yield from [] if data is None else [data]
+    elif "*" in name:
+        for path in sorted(RESULTS.glob(name)):
+            yield json.loads(path.read_text())
+    elif (data := load(name)) is not None:
+        yield data
+
+
+def rendered(names: tuple[str, ...] | None = None) -> list[str]:
+    """The sections (all, or those named), each followed by a blank line."""
+    lines: list[str] = []
+    for name, render in SECTIONS:
+        if names is None or name in names:
+            for data in sources(name):
+                lines += [*render(data), ""]
+    return lines
+
+
+# ---- the README's headline table ----------------------------------------------------------------------
+
+def _picked(runs: dict[str, Any], group: Callable[[str, Any], Any], valid: Callable[[Any], Any]) -> list[str]:
+    """Per group, the run with the best `valid` (validation NDCG@10: the run validation picks, not the best
+    test); runs in a group are compared on `valid` alone, whatever their test numbers."""
+    best: dict[Any, str] = {}
+    for key, r in runs.items():
+        g = group(key, r)
+        if g not in best or valid(r) > valid(runs[best[g]]):
+            best[g] = key
+    return sorted(best.values(), key=lambda k: (str(group(k, runs[k])), k))
+
+
+def _published(pub: dict[str, Any]) -> str:
+    return f"{f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))}"
+
+
+def headline(link: str = "docs/results.md") -> list[str]:
+    """One table of the picked runs and the speed and cost numbers behind the README's claims."""
+    rows: list[list[str]] = []
+    quality = merged("sasrec_quality") or {}
+    for key in _picked(quality, lambda _, r: (r["dataset"], history_bias(r)), lambda r: r["valid"]["ndcg@10"]):
+        r = quality[key]
+        rows.append([f"SASRec{' + history bias' if history_bias(r) else ''}: test R@10 / N@10", r["dataset"],
+                     f"`{key}`", _published(r["test"]), f"{_published(r['published'])} "
+                     f"({r['published'].get('source', '')})"])
+    uni = {k: v for k, v in ((load("unisrec.json") or {}).get("quality") or {}).items() if k.startswith("unisrec")}
+    for key in _picked(uni, lambda k, _: k.endswith("-hist"), lambda r: r["valid_ndcg@10"]):
+        rows.append([f"UniSRec{' + history bias' if key.endswith('-hist') else ''}: test R@10 / N@10",
+                     "amazon-scientific-unisrec", f"`{key}`", _published(uni[key]["test"]),
+                     f"{_published(uni[key].get('published') or {})} (UniSRec, KDD 2022)"])
+    speed_runs = (load("speed_vs_recbole.json") or {}).get("over_seeds") or {}
+    reached = {k: s for k, s in speed_runs.items() if s["median_ratio_vs_recbole_time_to_best"] is not None}
+    # the recipe whose seeds all get there, fastest at the median (with and without the history bias)
+    for key in _picked(reached, lambda k, _: "-hist" in k,
+                       lambda s: (s["reached"] == len(s["seeds"]), -s["median_ratio_vs_recbole_time_to_best"])):
+        s = reached[key]
+        rows.append(["SASRec: time to RecBole's best valid N@10 (median over seeds)", "ml-100k", f"`{key}`",
+                     f"{s['median_ratio_vs_recbole_time_to_best']:.3f} ×, {s['reached']} of {len(s['seeds'])} "
+                     "seeds reach it", "RecBole 1.2.1: 1 ×"])
+    cost = load("eval_cost.json")
+    if cost:
+        m = cost["median"]
+        rows.append([f"full ranking, {cost['users']:,} users × {cost['items']:,} items", "synthetic",
+                     f"{cost['threads']} threads", f"{m['seconds']:.1f} s, {m['fraction_of_peak']:.2f} of matmul peak",
+                     f"dense scores: {cost['naive_matrix_gb']:.0f} GB"])
+    serve = load("serve_load.json")
+    if serve:
+        for index, by_concurrency in serve["recommend"].items():
+            c, r = max(by_concurrency.items(), key=lambda kv: kv[1]["requests_per_s"])
+            rows.append([f"`seqrec serve` POST /recommend, {index} top-10", f"{serve['n_items']:,} items",
+                         f"concurrency {c}", f"{r['requests_per_s']:.0f} requests/s, p99 {r['p99_ms']:.1f} ms",
+                         DASH])
+    if not rows:
+        return []
+    return ["Leave-one-out, full ranking over all items, seen items not filtered; each quality row is the run "
+            f"validation picked among every configuration tried ([docs/results.md]({link})).", "",
+            *table(["result", "dataset", "run", "seqrec", "reference"], rows)]
+
+
+# ---- writing --------------------------------------------------------------------------------------------
+
+def inject(path: Path, block: list[str]) -> None:
+    """Replace a page's generated block (between the markers) with `block`."""
+    text = path.read_text()
+    if START not in text or END not in text:
+        return
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(head + START + "\n" + "\n".join(block) + "\n" + END + tail)
+
+
+def results_page() -> list[str]:
+    """docs/results.md: every configuration tried of the quality, speed and cost benchmarks."""
+    intro = ["# Results", "",
+             "Generated by `benchmarks/report.py` from `benchmarks/results/*.json`; do not edit by hand. Every "
+             "number here and in [benchmarks/RESULTS.md](../benchmarks/RESULTS.md) (all benchmarks: model zoo, "
+             "losses, UniSRec, evaluation cost) is written by a script in `benchmarks/` into "
+             "`benchmarks/results/*.json`; `python benchmarks/report.py` generates both from those files. "
+             "Machine: 2-core Intel Xeon (AMX), no GPU; timings are noisy on this shared machine, so compare "
+             "ratios measured in one run.", "", "## Headline", "", *headline("results.md"), ""]
+    body = [line.replace("](results/", "](../benchmarks/results/") for line in rendered(RESULTS_PAGE)]
+    return intro + body
+
+
 def main() -> None:
     lines = ["# Benchmark results", "", "Generated by `benchmarks/report.py` from `benchmarks/results/*.json`; "
              "do not edit by hand. Machine: 2-core Intel Xeon (AMX), no GPU; timings are noisy on this shared "
-             "machine, so compare ratios measured in one run.", ""]
-    for name, render in SECTIONS:
-        data = merged("sasrec_quality") if name == "sasrec_quality.json" else load(name)
-        if data is not None:
-            lines += [*render(data), ""]
+             "machine, so compare ratios measured in one run.", "", *rendered()]
     OUT.write_text("\n".join(lines))
-    headline: list[str] = []
-    for name, render in [(n, r) for n, r in SECTIONS if n in HEADLINE]:
-        data = merged("sasrec_quality") if name == "sasrec_quality.json" else load(name)
-        if data is not None:
-            headline += [line.replace("## ", "### ", 1) if line.startswith("## ")
-                         else line.replace("](results/", "](benchmarks/results/")  # links from the repo root
-                         for line in render(data)] + [""]
-    inject_readme(headline)
-    print(f"wrote {OUT}")
+    DOCS.parent.mkdir(exist_ok=True)
+    DOCS.write_text("\n".join(results_page()))
+    inject(README, headline())
+    print(f"wrote {OUT}, {DOCS} and the README's headline table")
 
 
 if __name__ == "__main__":
