@@ -1,8 +1,9 @@
-"""`seqrec train` (and `train --resume`) and `seqrec evaluate`."""
+"""`seqrec train` (and `train --resume`), `seqrec evaluate` and `seqrec tune`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,30 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.tune import base_config, tune
+
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    base = base_config(Path(args.config) if args.config else None, args.model, str(data.path), list(args.set or []))
+    if args.budget <= 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1:
+        raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    model = base.get("model", {}).get("name", "sasrec")
+    run_dir = Path(args.out) if args.out else Path("runs") / f"tune-{data.meta['name']}-{model}-{stamp}"
+    report = tune(base, data, run_dir, args.budget, args.trials, jobs=args.jobs, seed=args.seed)
+    states: dict[str, int] = {}
+    for t in report["trials"]:
+        states[t["state"]] = states.get(t["state"], 0) + 1
+    print(f"study: {report['study']}  ({report['n_trials']} trials: "
+          + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ")")
+    best = report["best_trial"]
+    print(f"best trial {best['number']}: validation ndcg@10 {best['valid_ndcg@10']:.4f}  {best['params']}")
+    print(f"run: {report['best_run']['path']}  (the best settings trained again and tested once)")
+    print_metrics(json.loads((Path(report["best_run"]["path"]) / "results.json").read_text()))
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `train` and `evaluate` on the top-level subparsers."""
     t = sub.add_parser("train", help="train a model; writes a run folder")
@@ -137,3 +162,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--dataset", help="prepared dataset (default: the run's)")
     e.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
     e.set_defaults(fn=cmd_evaluate)
+    tu = sub.add_parser("tune", help="search a model's settings on validation (Optuna), then train and test the best")
+    tu.add_argument("--dataset", required=True)
+    tu.add_argument("--model", help="sasrec, bert4rec, gru4rec or unisrec (default: the config's, else sasrec)")
+    tu.add_argument("--config", help="base TOML config the search starts from")
+    tu.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="base config overrides")
+    tu.add_argument("--budget", type=float, default=1800.0, help="seconds of search (default 1800)")
+    tu.add_argument("--trials", type=int, help="stop after this many trials (default: only the budget)")
+    tu.add_argument("--jobs", type=int, default=1, help="trials at a time (give each train.threads its share)")
+    tu.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    tu.add_argument("--out", help="study folder (default runs/tune-...); an existing one is resumed")
+    tu.set_defaults(fn=cmd_tune)

@@ -20,6 +20,7 @@ import random
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,13 @@ def selection_metric(ks: list[int]) -> str:
 
 def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         model: SequentialModel | None = None, init_items_from: Path | None = None,
-        resume: bool = False) -> dict[str, Any]:
+        resume: bool = False, on_epoch: Callable[[int, float, float], None] | None = None,
+        test: bool = True) -> dict[str, Any]:
     """Train with early stopping on validation, test the best checkpoint once. A given `model` (one to
     fine-tune) is evaluated before training too: validation may choose it as it came (epoch 0).
+
+    `on_epoch(epoch, validation metric, elapsed seconds)` is called after each validation (a tuner
+    prunes by raising from it); `test=False` never evaluates on the test split (a tuner's trials).
 
     `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table.
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
@@ -173,6 +178,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
             else:
                 loop.bad += 1
         row["elapsed_s"] = time.perf_counter() - start
+        if on_epoch is not None and "valid" in row:
+            on_epoch(epoch, row["valid"][metric], row["elapsed_s"])
         loop.history.append(row)
         with (run_dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -205,7 +212,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         test_model = best_model
     train_seconds = time.perf_counter() - start
     results = final_results(best_model, test_model, data, cfg, device, loop.best_epoch, loop.history,
-                            train_seconds)
+                            train_seconds, test=test)
     if init_items_from is not None:
         results["init_items_from"] = str(init_items_from)
     if decisions:
@@ -279,12 +286,13 @@ def refit(cfg: RunConfig, data: PreparedDataset, device: torch.device, epochs: i
 
 def final_results(model: SequentialModel, test_model: SequentialModel, data: PreparedDataset, cfg: RunConfig,
                   device: torch.device, best_epoch: int, history: list[dict[str, Any]],
-                  train_seconds: float) -> dict[str, Any]:
+                  train_seconds: float, test: bool = True) -> dict[str, Any]:
     """Validation metrics of the chosen checkpoint and test metrics of `test_model` (the same model, or
-    its refit on training + validation events); the test split is read here only."""
+    its refit on training + validation events); the test split is read here only, and not at all
+    with `test=False`."""
     L = cfg.data.max_len
     valid = evaluate(model, data, "valid", L, cfg.eval, device)
-    test = evaluate(test_model, data, "test", L, cfg.eval, device)
+    tested = evaluate(test_model, data, "test", L, cfg.eval, device) if test else None
     selection = f"best validation {selection_metric(cfg.eval.ks)}"
     if cfg.train.refit:
         selection += (f"; the tested model was then trained again from scratch for {best_epoch} epochs on "
@@ -293,11 +301,11 @@ def final_results(model: SequentialModel, test_model: SequentialModel, data: Pre
         "seqrec_version": __version__,
         "model": cfg.model.name,
         "dataset": data.meta["name"],
-        "protocol": {**protocol(data, cfg.eval, "test", L), "model_selection": selection,
+        "protocol": {**protocol(data, cfg.eval, "test" if test else "valid", L), "model_selection": selection,
                      "refit": cfg.train.refit},
         "checkpoint": {"epoch": best_epoch, "path": "checkpoint"},
         "valid": valid,
-        "test": test,
+        **({"test": tested} if tested is not None else {}),
         "epochs_run": len(history),
         "train_seconds": train_seconds,
         "peak_rss_mb": peak_rss_mb(),

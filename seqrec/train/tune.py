@@ -1,0 +1,192 @@
+"""`seqrec tune`: a validation-only search over a model's settings with Optuna, then one final run.
+
+    RUN/study.db       the Optuna study (SQLite): `seqrec tune` again with the same --out goes on with it
+    RUN/trials/N/      trial N's run folder (trained with refit off and never tested)
+    RUN/trials.json    every trial: its settings, validation NDCG@10, state (complete / pruned / failed),
+                       seconds; RUN/tune.png plots validation NDCG@10 against the study's time
+    RUN/best/          the best trial's settings trained again as an ordinary run (the base config's
+                       refit applies) and tested once: the only time the test split is read
+
+Trials are pruned by Optuna's median rule on validation NDCG@10 after `warmup` evaluations; the
+study stops at `budget_s` seconds or `trials` trials. Each trial is a TPE sample from the model's
+space (`SPACES`), on top of the base config (a shipped recipe or the defaults).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from seqrec.config import resolve
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.io import write_json_atomic
+from seqrec.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+Space = dict[str, Callable[[Any], Any]]  # "section.key" -> draw(trial)
+
+
+def _transformer_space() -> Space:
+    return {
+        "model.d": lambda t: t.suggest_categorical("model.d", [32, 64, 128]),
+        "model.n_layers": lambda t: t.suggest_int("model.n_layers", 1, 3),
+        "model.dropout": lambda t: t.suggest_float("model.dropout", 0.1, 0.6),
+        "train.lr": lambda t: t.suggest_float("train.lr", 1e-4, 3e-3, log=True),
+        "train.weight_decay": lambda t: t.suggest_float("train.weight_decay", 1e-6, 0.3, log=True),
+        "model.history_bias": lambda t: t.suggest_categorical("model.history_bias", [False, True]),
+    }
+
+
+SPACES: dict[str, Callable[[], Space]] = {
+    "sasrec": _transformer_space,
+    "bert4rec": lambda: {k: v for k, v in _transformer_space().items() if k != "model.history_bias"},
+    "unisrec": lambda: {k: v for k, v in _transformer_space().items() if k != "model.d"},
+    "gru4rec": lambda: {
+        "model.d": lambda t: t.suggest_categorical("model.d", [32, 64, 128]),
+        "model.dropout": lambda t: t.suggest_float("model.dropout", 0.0, 0.5),
+        "train.lr": lambda t: t.suggest_float("train.lr", 1e-4, 3e-3, log=True),
+        "model.history_bias": lambda t: t.suggest_categorical("model.history_bias", [False, True]),
+    },
+}
+
+
+def _with(cfg: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    for dotted, value in values.items():
+        section, key = dotted.split(".")
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _fits(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """Keep a sample valid: attention heads must divide d."""
+    d = values.get("model.d", base.get("model", {}).get("d"))
+    heads = base.get("model", {}).get("n_heads")
+    if d is not None and heads and d % heads:
+        values["model.n_heads"] = 1
+    return values
+
+
+def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: float, trials: int | None,
+         warmup: int = 3, jobs: int = 1, seed: int = 0, final: bool = True) -> dict[str, Any]:
+    """Search on validation, then train the best settings once and test them. Returns the report."""
+    try:
+        import optuna
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise SeqrecError("seqrec tune needs Optuna: pip install 'seqrec[tune]'") from None
+    from seqrec.train.loop import fit
+
+    base_cfg = resolve(base)  # the base must be valid before any trial runs
+    name = base_cfg.model.name
+    if name not in SPACES:
+        raise SeqrecError(f"seqrec tune has no search space for model {name!r}; one of {', '.join(SPACES)}")
+    space = SPACES[name]()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name="seqrec-tune", storage=f"sqlite:///{(run_dir / 'study.db').resolve()}", load_if_exists=True,
+        direction="maximize", pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup))
+    study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials))  # a resumed study draws anew
+    started = time.time()
+    study.set_user_attr("base", base)
+
+    def objective(trial: Any) -> float:
+        values = _fits({k: draw(trial) for k, draw in space.items()}, base)
+        raw = _with(base, {**values, "train.refit": False, "train.progress": False})
+        cfg = resolve(raw)
+        trial.set_user_attr("config", raw)
+        trial.set_user_attr("started", time.time())
+
+        def report(epoch: int, metric: float, elapsed: float) -> None:
+            trial.report(metric, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        results = fit(cfg, data, run_dir / "trials" / str(trial.number), on_epoch=report, test=False)
+        return float(results["valid"]["ndcg@10"])
+
+    n_before = len(study.trials)
+    study.optimize(objective, timeout=budget_s, n_trials=trials, n_jobs=jobs, catch=(SeqrecError,))
+    log.info("tune: %d trials this call (%d in the study), %.0f s", len(study.trials) - n_before,
+             len(study.trials), time.time() - started)
+    report = _report(study, run_dir)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        raise SeqrecError(f"{run_dir}: no trial completed within the budget; give more time (--budget)")
+    if final:
+        best_raw = _with(base, {k: v for k, v in study.best_trial.params.items()})
+        best_raw = _with(best_raw, {"train.progress": False})
+        if "model.d" in study.best_trial.params:
+            best_raw = _with(best_raw, _fits({"model.d": study.best_trial.params["model.d"]}, base))
+        results = fit(resolve(best_raw), data, run_dir / "best")
+        report["best_run"] = {"path": str(run_dir / "best"), "config": best_raw, "valid": results["valid"],
+                              "test": results["test"]}
+    write_json_atomic(run_dir / "trials.json", report)
+    return report
+
+
+def _report(study: Any, run_dir: Path) -> dict[str, Any]:
+    rows = []
+    for t in study.trials:
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
+        rows.append({"number": t.number, "state": t.state.name.lower(), "params": t.params,
+                     "valid_ndcg@10": t.value, "last_reported": max(t.intermediate_values.items(), default=None),
+                     "seconds": seconds, "started": t.datetime_start.timestamp() if t.datetime_start else None})
+    best = study.best_trial if any(r["state"] == "complete" for r in rows) else None
+    report = {"study": str(run_dir / "study.db"), "n_trials": len(rows),
+              "best_trial": None if best is None else {"number": best.number, "params": best.params,
+                                                       "valid_ndcg@10": best.value},
+              "trials": rows}
+    _plot(rows, run_dir / "tune.png")
+    return report
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r["started"] is not None and r["seconds"] is not None]
+    if not timed:
+        return
+    t0 = min(r["started"] for r in timed)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for state, marker in (("complete", "o"), ("pruned", "x"), ("fail", "s")):
+        pts = [r for r in timed if r["state"] == state]
+        y = [r["valid_ndcg@10"] if r["valid_ndcg@10"] is not None else (r["last_reported"] or [0, 0])[1]
+             for r in pts]
+        ax.scatter([(r["started"] + r["seconds"] - t0) / 60 for r in pts], y, marker=marker, label=state)
+    done = sorted((r["started"] + r["seconds"] - t0, r["valid_ndcg@10"]) for r in timed if r["state"] == "complete")
+    best, xs, ys = float("-inf"), [], []
+    for x, y in done:
+        best = max(best, y)
+        xs.append(x / 60)
+        ys.append(best)
+    ax.step(xs, ys, where="post", color="k", alpha=0.5, label="best so far")
+    ax.set_xlabel("minutes into the study")
+    ax.set_ylabel("validation NDCG@10")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def base_config(config: Path | None, model: str | None, dataset: str, overrides: list[str]) -> dict[str, Any]:
+    """The raw base config of a study: a TOML recipe and/or --model, with --set overrides merged in."""
+    from seqrec.config import load_toml, parse_override
+
+    raw = load_toml(config) if config else {}
+    if model:
+        raw.setdefault("model", {})["name"] = model
+    raw.setdefault("data", {})["dataset"] = dataset
+    for text in overrides:
+        (section, key), value = parse_override(text)
+        raw.setdefault(section, {})[key] = value
+    return raw

@@ -1,0 +1,72 @@
+"""`seqrec tune`: trials never read the test split, a study resumes where it stopped, and the command
+ends with one tested run of the best settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqrec.cli import main
+from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
+from seqrec.train.tune import tune
+
+BASE = {"model": {"name": "sasrec", "n_heads": 1}, "data": {"max_len": 8},
+        "train": {"epochs": 3, "batch_size": 64, "patience": 2}}
+
+
+class NoTestSplit(PreparedDataset):
+    """A dataset whose test targets cannot be read: any access raises."""
+
+    def eval_positions(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        if which == "test":
+            raise AssertionError("the tuner read the test split")
+        return super().eval_positions(which)
+
+
+def no_test(data: PreparedDataset) -> NoTestSplit:
+    return NoTestSplit(data.path, data.meta, data.items, data.offsets, data.split, data.times)
+
+
+def test_trials_never_read_the_test_split(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    data = no_test(tiny_dataset)
+    with pytest.raises(AssertionError, match="test split"):
+        data.eval_positions("test")
+    report = tune({**BASE, "data": {**BASE["data"], "dataset": str(data.path)}}, data, tmp_path / "study",
+                  budget_s=120, trials=3, final=False)
+    assert report["n_trials"] == 3 and all(t["state"] == "complete" for t in report["trials"])
+    for n in range(3):
+        results = json.loads((tmp_path / "study" / "trials" / str(n) / "results.json").read_text())
+        assert "test" not in results and results["protocol"]["evaluated_on"] == "valid"
+    assert (tmp_path / "study" / "trials.json").is_file() and (tmp_path / "study" / "tune.png").is_file()
+
+
+def test_a_resumed_study_continues_its_trial_count(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    study = tmp_path / "study"
+    first = tune(BASE, tiny_dataset, study, budget_s=120, trials=2, final=False)
+    second = tune(BASE, tiny_dataset, study, budget_s=120, trials=2, final=False)
+    assert first["n_trials"] == 2 and second["n_trials"] == 4
+    assert [t["number"] for t in second["trials"]] == [0, 1, 2, 3]
+    assert sorted(p.name for p in (study / "trials").iterdir()) == ["0", "1", "2", "3"]
+
+
+def test_cli_tune_trains_and_tests_the_best(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tuned"
+    argv = ["tune", "--dataset", str(tiny_dataset.path), "--model", "sasrec", "--trials", "2", "--budget", "120",
+            "--set", "data.max_len=8", "--set", "train.epochs=2", "--set", "model.n_heads=1", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "best trial" in printed and "test" in printed
+    results = json.loads((out / "best" / "results.json").read_text())
+    assert "test" in results
+    report = json.loads((out / "trials.json").read_text())
+    assert report["best_run"]["test"] == results["test"]
+
+
+def test_unknown_model_space_is_an_error(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    with pytest.raises(SeqrecError, match="no search space"):
+        tune({"model": {"name": "item2vec"}}, tiny_dataset, tmp_path / "s", budget_s=10, trials=1)
