@@ -38,6 +38,32 @@ def app_from_env() -> object:
     return build_app(json.loads(os.environ[ENV]))
 
 
+def _zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
+    """A pre-training run served on `dataset`: its zero-shot run folder (made once, inside the pre-training
+    run, keyed by the dataset's fingerprint); any other run as it is."""
+    from seqrec.train.transfer import is_pretrain_run
+
+    if not is_pretrain_run(run):
+        if dataset:
+            raise SeqrecError("--dataset is for a pre-training run (served zero-shot on that dataset); "
+                              f"{run} is a trained run and serves its own catalogue")
+        return run
+    if not dataset:
+        raise SeqrecError(f"{run} is a pre-training run: name the catalogue to serve zero-shot with --dataset")
+    from seqrec.cli.common import resolve_dataset
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import pick_device
+    from seqrec.train.transfer import zero_shot, zero_shot_config
+
+    data = PreparedDataset.load(resolve_dataset(dataset))
+    folder = run / "zero-shot" / f"{data.meta['name']}-{data.fingerprint}"
+    if not (folder / "results.json").is_file():
+        cfg = zero_shot_config(run)
+        cfg.data.dataset = str(data.path)
+        zero_shot(run, data, cfg, folder, pick_device(device))
+    return folder
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -55,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
     if not args.session_ttl > 0:
         raise SeqrecError(f"--session-ttl must be > 0 seconds, got {args.session_ttl}")
+    run = _zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device}
@@ -94,7 +121,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `serve` and `export` on the top-level subparsers."""
     s = sub.add_parser("serve", help="serve a run over HTTP: recommendations, live catalogue, sessions, web page")
-    s.add_argument("run", help="a run folder (or checkpoint folder)")
+    s.add_argument("run", help="a run folder (or checkpoint folder), or a pre-training run with --dataset")
+    s.add_argument("--dataset", help="with a pre-training run: the prepared dataset whose catalogue it serves "
+                   "zero-shot (through the items' text alone)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--public", action="store_true", help="allow a non-loopback --host")
