@@ -7,7 +7,7 @@ STAMP := $(VENV)/.seqrec-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo serve-demo pretrained test lint typecheck unit clean
+.PHONY: setup demo serve-demo pretrained test lint typecheck unit clean docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ pretrained: setup
 	for d in amazon-games-2018 yelp-p5 amazon-beauty-p5 amazon-sports-p5 ml-100k; do \
 	  $(VENV)/bin/seqrec data prepare $$d --source $(SHARED_DATA) || exit 1; done
 	$(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED)
+
+# docs/cli.md and docs/api.md from the argument parser and the docstrings (tests/test_docs.py checks
+# they are current); docs/results.md and the README's headline table come from `python benchmarks/report.py`
+docs: setup
+	$(PY) docs/gen_reference.py
 
 lint: setup
 	$(VENV)/bin/ruff check seqrec tests benchmarks
