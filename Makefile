@@ -50,7 +50,7 @@ docs: setup
 	$(PY) docs/gen_reference.py
 
 lint: setup
-	$(VENV)/bin/ruff check seqrec tests benchmarks
+	$(VENV)/bin/ruff check seqrec tests benchmarks docs
 
 typecheck: setup
 	$(VENV)/bin/mypy

@@ -12,9 +12,10 @@ leave-one-out, full ranking, seen items not filtered, the model chosen on valida
     zero-shot        the pre-trained UniSRec with no training on the target (one value for every f)
 
     python benchmarks/data_efficiency.py run --target amazon-scientific-unisrec --pretrained RUN [--jobs 2]
-    python benchmarks/data_efficiency.py report --target amazon-scientific-unisrec
+    python benchmarks/data_efficiency.py report --target amazon-scientific-unisrec --pretrained RUN [RUN ...]
 
-`run` is resumable: a run folder with results.json is not run again. `report` writes
+`run` is resumable: a run folder with results.json is not run again. Runs from a pre-trained model
+live under that model's name, so several pre-training recipes can be compared on one target. `report` writes
 results/data_efficiency_<target>.json (every run, its command) and the plot beside it.
 """
 
@@ -46,8 +47,13 @@ BUDGET_S = {0.01: 240, 0.05: 300, 0.1: 400, 0.25: 600, 1.0: 900}  # training-tim
 SEQREC = str(ROOT / ".venv" / "bin" / "seqrec")
 
 
-def run_dir(target: str, method: str, fraction: float, seed: int) -> Path:
-    return WORK / "runs" / "data-efficiency" / target / f"{method}-f{fraction:g}-s{seed}"
+def run_dir(target: str, method: str, fraction: float, seed: int, pretrained: Path | None = None) -> Path:
+    """Runs from scratch under the target; runs from a pre-trained model under that model's name."""
+    root = WORK / "runs" / "data-efficiency" / target
+    if method.startswith("pt-"):
+        assert pretrained is not None
+        root = root / pretrained.name
+    return root / f"{method}-f{fraction:g}-s{seed}"
 
 
 def command(method: str, target: Path, name: str, fraction: float, seed: int, pretrained: Path | None,
@@ -78,18 +84,21 @@ def plan(args: argparse.Namespace) -> list[tuple[str, float, int]]:
 
 def cmd_run(args: argparse.Namespace) -> None:
     data = prepared(args.target)
-    pretrained = Path(args.pretrained) if args.pretrained else None
+    if args.pretrained and len(args.pretrained) > 1:
+        raise SystemExit("run takes one --pretrained run")
+    pretrained = Path(args.pretrained[0]) if args.pretrained else None
     if pretrained is not None:  # the zero-shot run: no training, one for every fraction
-        out = WORK / "runs" / "data-efficiency" / args.target / "zero-shot"
+        out = WORK / "runs" / "data-efficiency" / args.target / pretrained.name / "zero-shot"
         if not (out / "results.json").is_file():
             execute([SEQREC, "finetune", str(data.path), "--from", str(pretrained), "--setting", "zero-shot",
                      "--out", str(out)], out)
-    todo = [(m, f, s) for m, f, s in plan(args) if not (run_dir(args.target, m, f, s) / "results.json").is_file()]
+    todo = [(m, f, s) for m, f, s in plan(args)
+            if not (run_dir(args.target, m, f, s, pretrained) / "results.json").is_file()]
     print(f"{len(todo)} runs to do", flush=True)
 
     def one(item: tuple[str, float, int]) -> None:
         method, fraction, seed = item
-        out = run_dir(args.target, method, fraction, seed)
+        out = run_dir(args.target, method, fraction, seed, pretrained)
         execute(command(method, data.path, args.target, fraction, seed, pretrained, out), out)
 
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -131,15 +140,17 @@ def cmd_report(args: argparse.Namespace) -> None:
     data = prepared(args.target)
     root = WORK / "runs" / "data-efficiency" / args.target
     rows: list[dict[str, Any]] = []
-    for results_file in sorted(root.glob("*/results.json")):
-        name = results_file.parent.name
+    for results_file in sorted([*root.glob("*/results.json"), *root.glob("*/*/results.json")]):
+        name, folder = results_file.parent.name, results_file.parent.parent
         res = json.loads(results_file.read_text())
-        cmd = (root / f"{name}.cmd").read_text().strip() if (root / f"{name}.cmd").is_file() else ""
+        cmd = (folder / f"{name}.cmd").read_text().strip() if (folder / f"{name}.cmd").is_file() else ""
         if name == "zero-shot":
             method, fraction, seed = "zero-shot", 0.0, 0
         else:
             method, f, s = name.rsplit("-", 2)
             fraction, seed = float(f[1:]), int(s[1:])
+        if folder != root:  # from a pre-trained model: labelled with its name
+            method = f"{method} ({folder.name})"
         rows.append({"method": method, "fraction": fraction, "seed": seed,
                      "valid_ndcg@10": res["valid"]["ndcg@10"], **{f"test_{m}": res["test"][m] for m in
                                                                   ("recall@10", "ndcg@10", "recall@50", "ndcg@50")},
@@ -154,7 +165,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     summary = summarise(rows)
     out = RESULTS / f"data_efficiency_{args.target}.json"
     write_result(out, {"target": args.target, "pretrained": args.pretrained, "machine": machine(),
-                       "pretraining": pretraining(Path(args.pretrained)) if args.pretrained else None,
+                       "pretraining": {p.name: pretraining(p) for p in map(Path, args.pretrained or [])},
                        "protocol": "leave-one-out, full ranking, seen items not filtered, chosen on validation "
                                    "NDCG@10, no refit; training events of a seeded fraction of users",
                        "budget_s": BUDGET_S, "summary": summary, "runs": rows})
@@ -194,7 +205,9 @@ def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in ("popularity", *METHODS):
+    methods = list(dict.fromkeys(s["method"] for s in summary if s["method"] != "zero-shot"
+                                 and not s["method"].startswith("zero-shot")))
+    for method in methods:
         pts = [s for s in summary if s["method"] == method]
         if not pts:
             continue
@@ -203,9 +216,8 @@ def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
         err = [[p["test_ndcg@10_median"] - p["test_ndcg@10_min"] for p in pts],
                [p["test_ndcg@10_max"] - p["test_ndcg@10_median"] for p in pts]]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
-    zero = [s for s in summary if s["method"] == "zero-shot"]
-    if zero:
-        ax.axhline(zero[0]["test_ndcg@10_median"], color="k", linestyle="--", label="zero-shot (no target data)")
+    for z, style in zip([s for s in summary if s["method"].startswith("zero-shot")], ("--", ":", "-."), strict=False):
+        ax.axhline(z["test_ndcg@10_median"], color="k", linestyle=style, label=f"{z['method']}: no target data")
     ax.set_xscale("log")
     ax.set_xlabel("fraction of the target's training users")
     ax.set_ylabel("test NDCG@10 (median over seeds)")
@@ -220,7 +232,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["run", "report"])
     p.add_argument("--target", default="amazon-scientific-unisrec")
-    p.add_argument("--pretrained", help="a `seqrec pretrain` run that never saw the target")
+    p.add_argument("--pretrained", nargs="*", help="`seqrec pretrain` runs that never saw the target (run: one; "
+                   "report: every one whose runs it lists)")
     p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)

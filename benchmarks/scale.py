@@ -33,16 +33,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, machine, write_result  # noqa: E402
+from common import RESULTS, ROOT, machine, write_result
 
-from seqrec.config import resolve  # noqa: E402
-from seqrec.data.batching import TrainBatches  # noqa: E402
-from seqrec.data.dataset import PreparedDataset  # noqa: E402
-from seqrec.data.synthetic import LogShape, generate_log  # noqa: E402
-from seqrec.eval.ranking import rank_targets  # noqa: E402
-from seqrec.registry import build_model  # noqa: E402
-from seqrec.serve.ann import build_retriever  # noqa: E402
-from seqrec.train.loop import make_optimizer  # noqa: E402
+from seqrec.config import resolve
+from seqrec.data.batching import TrainBatches
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.synthetic import LogShape, generate_log
+from seqrec.eval.ranking import rank_targets
+from seqrec.registry import build_model
+from seqrec.serve.ann import build_retriever
+from seqrec.train.loop import make_optimizer
 
 PREPARE = """
 import json, resource, sys, time
