@@ -9,6 +9,7 @@ leave-one-out, full ranking, seen items not filtered, the model chosen on valida
     unisrec-scratch  UniSRec, text only, from scratch (benchmarks/configs/unisrec-<target>.toml)
     pt-inductive     the pre-trained UniSRec fine-tuned text only, every weight trained
     pt-transductive  the same with a new learned ID embedding added to the text vector
+    pt-adaptor       only the pre-trained text adaptor transferred (a fresh Transformer), text only, all trained
     zero-shot        the pre-trained UniSRec with no training on the target (one value for every f)
 
     python benchmarks/data_efficiency.py run --target amazon-scientific-unisrec --pretrained RUN [--jobs 2]
@@ -42,7 +43,7 @@ from seqrec.data.dataset import PreparedDataset
 
 FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
 SMALL = 0.1  # fractions up to this one run every seed
-METHODS = ("sasrec", "unisrec-scratch", "pt-inductive", "pt-transductive")
+METHODS = ("sasrec", "unisrec-scratch", "pt-inductive", "pt-transductive", "pt-adaptor")
 BUDGET_S = {0.01: 240, 0.05: 300, 0.1: 400, 0.25: 600, 1.0: 900}  # training-time cap per run
 SEQREC = str(ROOT / ".venv" / "bin" / "seqrec")
 
@@ -69,8 +70,9 @@ def command(method: str, target: Path, name: str, fraction: float, seed: int, pr
         return [SEQREC, "train", "--dataset", str(target), "--config", str(configs / f"unisrec-{name}.toml"), *common]
     if pretrained is None:
         raise SystemExit(f"{method} needs --pretrained RUN")
-    setting = method.removeprefix("pt-")
-    return [SEQREC, "finetune", str(target), "--from", str(pretrained), "--setting", setting,
+    setting = {"pt-adaptor": "inductive"}.get(method, method.removeprefix("pt-"))
+    transfer = ["--transfer", "adaptor"] if method == "pt-adaptor" else []
+    return [SEQREC, "finetune", str(target), "--from", str(pretrained), "--setting", setting, *transfer,
             "--config", str(configs / f"unisrec-{name}.toml"), "--set", "model.freeze_encoder=false", *common]
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from seqrec.config import EvalConfig
 from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
+from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
 from seqrec.nn.adaptors import MoEAdaptor, PWLayer, svd_whitening
@@ -187,6 +188,26 @@ def test_finetuning_changes_no_frozen_parameter(setting: str, tiny_dataset: Prep
     assert any(not torch.equal(p, after[n]) for n, p in trained.items())
 
 
+def test_adaptor_only_transfer_starts_a_fresh_transformer(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                         tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    pre = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)
+    with torch.no_grad():
+        for p in pre.parameters():
+            p.add_(0.5)  # far from any fresh initialisation
+    save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
+    cfg = finetune_config(tmp_path / "pre", "inductive", {"freeze_encoder": False})
+    model = finetune_model(tmp_path / "pre", tiny_dataset, cfg, 8, transfer="adaptor")
+    shared = pre.state_dict()
+    for n, p in model.state_dict().items():
+        if n.startswith("adaptor."):
+            torch.testing.assert_close(p, shared[n])
+        elif n.startswith(("encoder.", "pos_emb.")) and p.is_floating_point() and p.numel() > 1:
+            assert not torch.allclose(p, shared[n]), n
+    with pytest.raises(SeqrecError, match="transfer"):
+        finetune_model(tmp_path / "pre", tiny_dataset, cfg, 8, transfer="encoder")  # type: ignore[arg-type]
+
+
 def test_new_item_is_ranked_from_its_text_alone(tiny_dataset: PreparedDataset, encoder_dir: Path,
                                                  tmp_path: Path) -> None:
     """Train, then add an item whose text is that of the true next item: it must rank with it, at the top."""
@@ -237,7 +258,6 @@ def test_unisrec_checkpoint_is_self_contained(tiny_dataset: PreparedDataset, enc
 
 def test_finetune_setting_decides_the_id_table(tiny_dataset: PreparedDataset, encoder_dir: Path,
                                                tmp_path: Path) -> None:
-    from seqrec.errors import SeqrecError
 
     pre = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)
     save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)

@@ -79,8 +79,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     raw = load_toml(Path(args.config)) if args.config else {}
     sets = _split_overrides(list(args.set or []), ("data", "model", "train", "eval"))
     setting: Setting = "inductive" if args.setting == "zero-shot" else args.setting
-    model_cfg = finetune_config(Path(getattr(args, "from")), setting,
-                                {**raw.pop("model", {}), **sets.pop("model")})
+    overrides = {**raw.pop("model", {}), **sets.pop("model")}
+    if args.transfer == "adaptor":  # a fresh Transformer is trained, not frozen
+        overrides.setdefault("freeze_encoder", False)
+    model_cfg = finetune_config(Path(getattr(args, "from")), setting, overrides)
     raw["model"] = dataclasses.asdict(model_cfg)
     # the pre-trained model's history length unless the config or --set says otherwise
     raw.setdefault("data", {}).setdefault("max_len", pretrained_max_len(Path(getattr(args, "from"))))
@@ -91,8 +93,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from seqrec.train.auto import resolve_auto
 
     resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
+    if args.setting == "zero-shot" and args.transfer != "all":
+        raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")
     model = None if args.setting == "zero-shot" else finetune_model(Path(getattr(args, "from")), data, cfg.model,
-                                                                     cfg.data.max_len)
+                                                                     cfg.data.max_len, args.transfer)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
     cfg.data.dataset = str(data.path)
@@ -141,6 +145,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--from", required=True, help="pre-training run folder (or its checkpoint)")
     ft.add_argument("--setting", choices=["inductive", "transductive", "zero-shot"], default="inductive",
                     help="zero-shot: no training; the target's item text alone (writes a run folder)")
+    ft.add_argument("--transfer", choices=["all", "adaptor"], default="all",
+                    help="pre-trained weights to start from: all shared ones, or the text adaptor only (a fresh "
+                    "Transformer)")
     ft.add_argument("--config", help="TOML file with [data] [train] [eval] (and [model] overrides)")
     ft.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     ft.add_argument("--out", help="run folder")

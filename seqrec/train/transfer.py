@@ -61,8 +61,15 @@ def finetune_config(pretrained: Path, setting: Setting, overrides: dict[str, Any
     return build(UniSRecConfig, values, "model")
 
 
-def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfig, max_len: int) -> UniSRec:
-    """A UniSRec for `data` carrying every shared weight of the pre-trained checkpoint."""
+Transfer = Literal["all", "adaptor"]
+
+
+def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfig, max_len: int,
+                   transfer: Transfer = "all") -> UniSRec:
+    """A UniSRec for `data` carrying the shared weights of the pre-trained checkpoint: every one ("all"),
+    or only the text adaptor's ("adaptor": the Transformer and positions start afresh, from the seed)."""
+    if transfer not in ("all", "adaptor"):
+        raise SeqrecError(f"transfer must be all or adaptor, got {transfer!r}")
     ckpt = checkpoint_dir(pretrained)
     verify_checkpoint(ckpt)  # a corrupt or truncated file is a one-line error, not a loader's traceback
     meta = read_json(ckpt / "model.json")
@@ -70,6 +77,9 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
         raise SeqrecError(f"pre-trained with max_len={meta['max_len']}; fine-tune with data.max_len={meta['max_len']}")
     model = UniSRec.from_dataset(config, data, max_len)
     state = {k: v for k, v in load_file(str(ckpt / "model.safetensors")).items() if k not in PER_DOMAIN}
+    if transfer == "adaptor":
+        fresh = model.state_dict()
+        state = {k: (v if k.startswith("adaptor.") else fresh[k]) for k, v in state.items()}
     fit = "the architecture keys (d, n_layers, n_experts, ...) must match the pre-trained model"
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
