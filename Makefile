@@ -35,12 +35,12 @@ serve-demo: setup
 	  --config configs/ml-100k-sasrec.toml --set 'model.positions_from="start"' --out $(SERVE_RUN)
 	$(VENV)/bin/seqrec serve $(SERVE_RUN) --port $(PORT)
 
-# The universal pre-trained text model (configs/pretrain.toml) from the item-text domains in
-# ../shared/data; Scientific stays out (it is a target). Weights stay local: the data's terms.
+# The pre-trained text model (configs/pretrain.toml: Amazon Games titles, the domain that transferred
+# best to Scientific) from ../shared/data; Scientific stays out (a target). Weights stay local: the data's terms.
 SHARED_DATA ?= ../shared/data
 PRETRAINED ?= runs/pretrained
 pretrained: setup
-	for d in amazon-games-2018 yelp-p5 amazon-beauty-p5 amazon-sports-p5 ml-100k; do \
+	for d in amazon-games-2018; do \
 	  $(VENV)/bin/seqrec data prepare $$d --source $(SHARED_DATA) || exit 1; done
 	$(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED)
 

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,19 +49,21 @@ BUDGET_S = {0.01: 240, 0.05: 300, 0.1: 400, 0.25: 600, 1.0: 900}  # training-tim
 SEQREC = str(ROOT / ".venv" / "bin" / "seqrec")
 
 
-def run_dir(target: str, method: str, fraction: float, seed: int, pretrained: Path | None = None) -> Path:
+def run_dir(target: str, method: str, fraction: float, seed: int, pretrained: Path | None = None,
+            tag: str = "") -> Path:
     """Runs from scratch under the target; runs from a pre-trained model under that model's name."""
     root = WORK / "runs" / "data-efficiency" / target
     if method.startswith("pt-"):
         assert pretrained is not None
         root = root / pretrained.name
-    return root / f"{method}-f{fraction:g}-s{seed}"
+    return root / f"{method}{tag}-f{fraction:g}-s{seed}"
 
 
 def command(method: str, target: Path, name: str, fraction: float, seed: int, pretrained: Path | None,
-            out: Path) -> list[str]:
-    """The seqrec command line of one run."""
-    common = ["--set", f"data.train_fraction={fraction}", "--set", f"data.train_fraction_seed={seed}",
+            out: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The seqrec command line of one run; `extra`: SECTION.KEY=VALUE overrides of a variant."""
+    common = [*(a for kv in extra for a in ("--set", kv)),
+              "--set", f"data.train_fraction={fraction}", "--set", f"data.train_fraction_seed={seed}",
               "--set", f"train.seed={seed}", "--set", "train.refit=false", "--set", "train.progress=false",
               "--set", "train.threads=1", "--set", f"train.time_budget_s={BUDGET_S[fraction]}", "--out", str(out)]
     configs = ROOT / "benchmarks" / "configs"
@@ -95,13 +98,13 @@ def cmd_run(args: argparse.Namespace) -> None:
             execute([SEQREC, "finetune", str(data.path), "--from", str(pretrained), "--setting", "zero-shot",
                      "--out", str(out)], out)
     todo = [(m, f, s) for m, f, s in plan(args)
-            if not (run_dir(args.target, m, f, s, pretrained) / "results.json").is_file()]
+            if not (run_dir(args.target, m, f, s, pretrained, args.tag) / "results.json").is_file()]
     print(f"{len(todo)} runs to do", flush=True)
 
     def one(item: tuple[str, float, int]) -> None:
         method, fraction, seed = item
-        out = run_dir(args.target, method, fraction, seed, pretrained)
-        execute(command(method, data.path, args.target, fraction, seed, pretrained, out), out)
+        out = run_dir(args.target, method, fraction, seed, pretrained, args.tag)
+        execute(command(method, data.path, args.target, fraction, seed, pretrained, out, args.set), out)
 
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, todo))
@@ -240,7 +243,12 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a variant's overrides (give it a --tag)")
+    p.add_argument("--tag", default="", help="suffix of a variant's method name, e.g. -lr1e-4")
     args = p.parse_args()
+    if args.set and not args.tag:
+        raise SystemExit("a variant (--set) needs a --tag, so that its runs are not mistaken for the recipe's")
     if args.action == "run":
         cmd_run(args)
     else:
