@@ -4,8 +4,8 @@
 #   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | two-stage-seed SEED | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | scratch-hist | two-stage-hist SEED | finetune-hist NEG SETTING
 #                                   | cold-unisrec | cold-unisrec-scratch | cold-zero-shot | cold-pretrained | memory
-# The universal pre-trained model is $R/pretrained-no-sci:
-#   SEQREC_HOME=benchmarks/work seqrec pretrain --config configs/pretrain.toml --out $R/pretrained-no-sci
+# The pre-trained model is $PRETRAINED (default $R/pretrained-games):
+#   SEQREC_HOME=benchmarks/work seqrec pretrain --config configs/pretrain.toml --out $R/pretrained-games
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -76,10 +76,10 @@ case "$1" in
       --setting inductive --config $CFG --set train.progress=false --set train.time_budget_s=$BUDGET \
       --out $R/unisrec-cold20-ft-in-batch-inductive ;;
   cold-zero-shot)  # the universal pre-trained model (configs/pretrain.toml, no Scientific) with no training
-    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/pretrained-no-sci --setting zero-shot \
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from ${PRETRAINED:-$R/pretrained-games} --setting zero-shot \
       --out $R/unisrec-cold20-pretrained-zero-shot ;;
   cold-pretrained)  # the same fine-tuned text only, every weight trained (the data-efficiency recipe)
-    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/pretrained-no-sci --setting inductive \
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from ${PRETRAINED:-$R/pretrained-games} --setting inductive \
       --config $CFG --set model.freeze_encoder=false --set train.progress=false --set train.refit=false \
       --set train.time_budget_s=$BUDGET --out $R/unisrec-cold20-pretrained-inductive ;;
   memory)  # peak memory of a few pre-training steps: MoCo (batch 256, 8192 queued) vs in-batch (batch 8192)
