@@ -475,9 +475,10 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     """Method × fraction of the target's users: median test NDCG@10 over seeds (min–max)."""
     target = d["target"]
     summary = d["summary"]
-    fractions = sorted({s["fraction"] for s in summary if s["method"] != "zero-shot"})
+    zeros = [s for s in summary if s["method"].startswith("zero-shot")]
+    fractions = sorted({s["fraction"] for s in summary if s not in zeros})
     cells = {(s["method"], s["fraction"]): s for s in summary}
-    methods = list(dict.fromkeys(s["method"] for s in summary if s["method"] != "zero-shot"))
+    methods = list(dict.fromkeys(s["method"] for s in summary if s not in zeros))
     seeds = {f: max(s["seeds"] for s in summary if s["fraction"] == f) for f in fractions}
 
     def cell(s: dict[str, Any] | None) -> str:
@@ -497,16 +498,39 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     lines = [f"## Transfer: data efficiency on {target}", "", intro, "",
              *table(["method", *(f"{_share(f)} of users" for f in fractions)],
                     [[m, *(cell(cells.get((m, f))) for f in fractions)] for m in methods])]
-    zero = cells.get(("zero-shot", 0.0))
-    if zero is not None:
-        lines += ["", f"Zero-shot (the pre-trained model, no training on {target}): test NDCG@10 "
+    for zero in zeros:
+        lines += ["", f"{zero['method']}, no training on {target}: test NDCG@10 "
                   f"{f4(zero['test_ndcg@10_median'])}, test R@10 {f4(zero['test_recall@10_median'])}."]
-    if d.get("pretrained"):
-        lines += ["", f"Pre-trained model: `{d['pretrained']}`."]
+    pretraining = d.get("pretraining") or {}
+    if pretraining:
+        lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on one CPU thread, "
+                  "process peak RSS.", "",
+                  *table(["model", "domains", "training events", "epochs", "seconds", "sequences/s", "targets/s",
+                          "peak RSS MB"],
+                         [[name, ", ".join(r["domain"] for r in p["data_card"]["domains"]),
+                           f"{p['data_card']['training_events']:,}", str(p["epochs_run"]), f"{p['train_seconds']:.0f}",
+                           f"{p['sequences_per_s']:.0f}", f"{p['targets_per_s']:.0f}", f"{p['peak_rss_mb']:.0f}"]
+                          for name, p in pretraining.items()])]
     png = RESULTS / f"data_efficiency_{target}.png"
     if png.is_file():
         lines += ["", f"![data efficiency on {target}](results/{png.name})"]
     return lines
+
+
+def transfer_probe(d: dict[str, Any]) -> list[str]:
+    """Validation NDCG@10 on the target of each pre-trained model and its parts, with no training."""
+    target = d["target"]
+    kinds = list(next(iter(d["runs"].values()))["valid_ndcg@10"])
+    intro = (f"What a pre-trained UniSRec carries to {target} with no training: validation NDCG@10 of the "
+             "pre-trained model (zero-shot), of the same with each adaptor expert re-centred on the target's mean "
+             "text vector, and of its adaptor or Transformer alone beside fresh parts. An untrained UniSRec scores "
+             f"{f4(d['untrained_valid_ndcg@10'])}: its near-identity Transformer ranks items by text similarity to "
+             "the history. Script: `benchmarks/transfer_probe.py`; file: "
+             f"`results/transfer_probe_{target}.json`.")
+    return [f"## Transfer: what pre-training carries to {target}", "", intro, "",
+            *table(["pre-trained model", "domains", *kinds],
+                   [[name, ", ".join(r["domains"]), *(f4(r["valid_ndcg@10"][k]) for k in kinds)]
+                    for name, r in d["runs"].items()])]
 
 
 # ---- the pages --------------------------------------------------------------------------------------
@@ -528,11 +552,12 @@ SECTIONS: list[tuple[str, Render]] = [
     ("features.json", features),
     ("output_layer.json", output_layer),
     ("data_efficiency_*.json", data_efficiency),
+    ("transfer_probe_*.json", transfer_probe),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "data_efficiency_*.json")
+                "data_efficiency_*.json", "transfer_probe_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
