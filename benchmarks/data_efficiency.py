@@ -167,6 +167,9 @@ def cmd_report(args: argparse.Namespace) -> None:
             rows.append({"method": "popularity", "fraction": fraction, "seed": seed,
                          "valid_ndcg@10": pop["valid_ndcg@10"], "test_recall@10": pop["test_recall@10"],
                          "test_ndcg@10": pop["test_ndcg@10"], "command": "popularity() in this script"})
+    untrained = untrained_unisrec(data, args.target)
+    rows.append({"method": "untrained UniSRec", "fraction": 0.0, "seed": 0, **untrained,
+                 "command": "untrained_unisrec() in this script"})
     summary = summarise(rows)
     out = RESULTS / f"data_efficiency_{args.target}.json"
     write_result(out, {"target": args.target, "pretrained": args.pretrained, "machine": machine(),
@@ -176,6 +179,25 @@ def cmd_report(args: argparse.Namespace) -> None:
                        "budget_s": BUDGET_S, "summary": summary, "runs": rows})
     plot(summary, args.target, out.with_suffix(".png"))
     print(f"wrote {out}")
+
+
+def untrained_unisrec(data: PreparedDataset, name: str) -> dict[str, float]:
+    """A fresh UniSRec (the target's config, seed 0), never trained: it ranks by text similarity."""
+    import torch
+
+    from seqrec.config import load_toml, resolve
+    from seqrec.eval.evaluate import evaluate
+    from seqrec.models.unisrec import UniSRec
+
+    cfg = resolve(load_toml(ROOT / "benchmarks" / "configs" / f"unisrec-{name}.toml"))
+    torch.manual_seed(0)
+    model = UniSRec.from_dataset(cfg.model, data, cfg.data.max_len).eval()  # type: ignore[arg-type]
+    out = {}
+    for split in ("valid", "test"):
+        metrics = evaluate(model, data, split, cfg.data.max_len, cfg.eval, torch.device("cpu"))
+        for m in ("recall@10", "ndcg@10", "recall@50", "ndcg@50"):
+            out[f"{split}_{m}"] = metrics[m]
+    return out
 
 
 def pretraining(run: Path) -> dict[str, Any]:
@@ -210,8 +232,7 @@ def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    methods = list(dict.fromkeys(s["method"] for s in summary if s["method"] != "zero-shot"
-                                 and not s["method"].startswith("zero-shot")))
+    methods = list(dict.fromkeys(s["method"] for s in summary if s["fraction"] > 0))
     for method in methods:
         pts = [s for s in summary if s["method"] == method]
         if not pts:
@@ -221,7 +242,7 @@ def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
         err = [[p["test_ndcg@10_median"] - p["test_ndcg@10_min"] for p in pts],
                [p["test_ndcg@10_max"] - p["test_ndcg@10_median"] for p in pts]]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
-    for z, style in zip([s for s in summary if s["method"].startswith("zero-shot")], ("--", ":", "-."), strict=False):
+    for z, style in zip([s for s in summary if s["fraction"] == 0], ("--", ":", "-."), strict=False):
         ax.axhline(z["test_ndcg@10_median"], color="k", linestyle=style, label=f"{z['method']}: no target data")
     ax.set_xscale("log")
     ax.set_xlabel("fraction of the target's training users")

@@ -475,7 +475,7 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     """Method × fraction of the target's users: median test NDCG@10 over seeds (min–max)."""
     target = d["target"]
     summary = d["summary"]
-    zeros = [s for s in summary if s["method"].startswith("zero-shot")]
+    zeros = [s for s in summary if s["fraction"] == 0]  # no target data: zero-shot, the untrained model
     fractions = sorted({s["fraction"] for s in summary if s not in zeros})
     cells = {(s["method"], s["fraction"]): s for s in summary}
     methods = list(dict.fromkeys(s["method"] for s in summary if s not in zeros))
@@ -499,7 +499,7 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
              *table(["method", *(f"{_share(f)} of users" for f in fractions)],
                     [[m, *(cell(cells.get((m, f))) for f in fractions)] for m in methods])]
     for zero in zeros:
-        lines += ["", f"{zero['method']}, no training on {target}: test NDCG@10 "
+        lines += ["", f"{zero['method']}, no training on {target} at all: test NDCG@10 "
                   f"{f4(zero['test_ndcg@10_median'])}, test R@10 {f4(zero['test_recall@10_median'])}."]
     pretraining = d.get("pretraining") or {}
     if pretraining:
