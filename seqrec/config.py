@@ -29,6 +29,8 @@ else:  # pragma: no cover
 
 @dataclass
 class DataConfig:
+    """`[data]`: which prepared dataset, how much history, how training windows are cut."""
+
     dataset: str = ""  # a prepared-dataset folder, or a name under $SEQREC_HOME/prepared
     max_len: int = 50  # items of history the model sees
     stride: int = 0  # training windows: targets per window (0 = max_len, consecutive windows; smaller overlaps)
@@ -47,6 +49,8 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
+    """`[train]`: optimiser, epochs and early stopping, refit, weight averaging, device."""
+
     epochs: int = 200
     batch_size: int = 128
     lr: float = 1e-3
@@ -76,6 +80,8 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
+    """`[eval]`: cut-offs K, whether seen items are filtered, batch and memory budget."""
+
     ks: list[int] = field(default_factory=lambda: [10, 50])
     filter_seen: bool = False  # remove already-seen items from the ranking (off: honest default)
     batch_size: int = 1024  # users encoded at once
@@ -89,6 +95,8 @@ class EvalConfig:
 
 @dataclass
 class RunConfig:
+    """A whole run: `[data]`, `[model]` (the model's own config), `[train]`, `[eval]`, `[features]`."""
+
     data: DataConfig
     model: Any  # the model's own config dataclass (has a `name` field)
     train: TrainConfig
@@ -96,6 +104,7 @@ class RunConfig:
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (what a run writes to config.json)."""
         return {
             "data": dataclasses.asdict(self.data),
             "model": dataclasses.asdict(self.model),
@@ -204,6 +213,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def load_toml(path: Path) -> dict[str, Any]:
+    """A TOML file as a dict; a missing or malformed file is a one-line error naming it."""
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

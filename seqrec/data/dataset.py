@@ -84,6 +84,9 @@ def write_prepared(
 
 @dataclass
 class PreparedDataset:
+    """A prepared dataset in memory: every user's events as one CSR array (`items`, `offsets`), the
+    split (validation and test target positions), optional times, and the item table on demand."""
+
     path: Path
     meta: dict[str, Any]
     items: np.ndarray  # (E,) int32
@@ -96,6 +99,7 @@ class PreparedDataset:
 
     @classmethod
     def load(cls, path: Path) -> PreparedDataset:
+        """The prepared-dataset folder at `path`; a missing or damaged file is a one-line error."""
         path = Path(path)
         if not (path / "meta.json").is_file():
             raise SeqrecError(f"{path}: not a prepared dataset (no meta.json); run `seqrec data prepare`")
@@ -117,22 +121,27 @@ class PreparedDataset:
 
     @property
     def n_items(self) -> int:
+        """Items in the catalogue (1..N; 0 is padding)."""
         return int(self.meta["n_items"])
 
     @property
     def n_users(self) -> int:
+        """Users (0..U-1)."""
         return int(self.meta["n_users"])
 
     @property
     def fingerprint(self) -> str:
+        """A hash of the sequences, split and item ids: runs record it to refuse other data."""
         return str(self.meta["fingerprint"])
 
     @property
     def lengths(self) -> np.ndarray:
+        """(U,) events per user."""
         return np.diff(self.offsets)
 
     @property
     def item_table(self) -> pl.DataFrame:
+        """idx, item (raw id) and the item fields, read once."""
         if self._item_table is None:
             try:
                 self._item_table = pl.read_parquet(self.path / "items.parquet")
@@ -194,6 +203,7 @@ class PreparedDataset:
                 "consecutive_repeat_rate": float((later & consecutive).sum() / n)}
 
     def stats(self) -> dict[str, Any]:
+        """Counts, length percentiles, repeat rates and the catalogue join: what `seqrec data stats` prints."""
         lengths = self.lengths
         q = np.percentile(lengths, [0, 25, 50, 75, 90, 99, 100]).tolist()
         n_users, n_items = self.n_users, self.n_items

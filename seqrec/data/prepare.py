@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PrepareOptions:
+    """How `prepare` filters and splits: dedupe, k-core, shortest user, and the split."""
+
     dedupe: Literal["none", "consecutive", "first"] = "none"
     kcore: int = 0  # 0 or 1: no filtering
     min_user_len: int = 3
@@ -138,6 +140,8 @@ def time_split(times: np.ndarray, offsets: np.ndarray, options: PrepareOptions) 
 
 
 def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDataset:
+    """A reader's output -> the prepared-dataset folder `dest` (written atomically) and its view:
+    order, dedupe, k-core, id maps and split, as the module docstring describes."""
     frame = raw.interactions.frame
     source = raw.interactions.source
     presplit = "split" in frame.columns

@@ -61,6 +61,8 @@ def evaluate_ranks(model: SequentialModel, data: PreparedDataset, which: str, ma
 
 def evaluate(model: SequentialModel, data: PreparedDataset, which: str, max_len: int,
              cfg: EvalConfig, device: torch.device) -> dict[str, float]:
+    """Recall, NDCG and MRR at each of `cfg.ks` over the users with a `which` ("valid" or "test")
+    target: full ranking over every item, ties counted against the target (`evaluate_ranks`)."""
     ranks = evaluate_ranks(model, data, which, max_len, cfg, device)
     out = metrics_from_ranks(ranks, cfg.ks)
     out["n_users"] = float(len(ranks))

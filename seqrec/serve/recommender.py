@@ -39,12 +39,21 @@ from seqrec.train.checkpoint import load_checkpoint
 
 @dataclass(frozen=True)
 class Recommendation:
+    """One recommended item: its raw id, the model's score and its title when the catalogue has one."""
+
     item: str  # raw item id
     score: float
     title: str | None = None
 
 
 class Recommender:
+    """Top-k recommendations from a trained run for raw histories, with a live catalogue.
+
+    `Recommender.from_run(RUN)` loads a run; `recommend(history, k)` ranks every item (or an ANN
+    index's candidates, `use_index`) for one history of raw item ids, most recent last;
+    `recommend_many` does many at once. Text models also take new items by text (`add_items`) and
+    stop recommending some (`remove_items`). Thread-safe: the HTTP service shares one."""
+
     def __init__(self, model: SequentialModel, items: pl.DataFrame, max_len: int, index: str = "exact",
                  **index_options: Any) -> None:
         self.model, self.max_len = model.eval(), max_len
@@ -71,14 +80,17 @@ class Recommender:
 
     @property
     def n_items(self) -> int:
+        """The number of items in the catalogue (added ones included)."""
         return self.catalogue.n_items
 
     @property
     def titles(self) -> list[str | None]:
+        """Each item's title (None where it has none), in index order from item 1."""
         return self.catalogue.titles
 
     @property
     def index(self) -> dict[str, int]:
+        """Raw item id -> the model's item index (1..N)."""
         return self.catalogue.index
 
     def use_index(self, kind: str = "ivf", **options: Any) -> Retriever:
@@ -133,6 +145,7 @@ class Recommender:
             self.catalogue.remove(idx)
 
     def to_indices(self, history: Sequence[str]) -> list[int]:
+        """Raw item ids -> item indices; an unknown id is a `SeqrecError` naming it."""
         return self.catalogue.lookup(history, " in history")
 
     # -- states --------------------------------------------------------------------------------------
@@ -210,6 +223,7 @@ class Recommender:
         return scores if bias is None else scores + bias[ids]
 
     def check_k(self, k: int) -> None:
+        """A `SeqrecError` unless 1 <= k <= the number of items."""
         if not 1 <= k <= self.catalogue.n_active:
             raise SeqrecError(f"k={k} must be between 1 and the number of recommendable items "
                               f"({self.catalogue.n_active})")
