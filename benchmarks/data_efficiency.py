@@ -231,7 +231,7 @@ def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     methods = list(dict.fromkeys(s["method"] for s in summary if s["fraction"] > 0))
     for method in methods:
         pts = [s for s in summary if s["method"] == method]
@@ -249,7 +249,7 @@ def plot(summary: list[dict[str, Any]], target: str, path: Path) -> None:
     ax.set_ylabel("test NDCG@10 (median over seeds)")
     ax.set_title(f"data efficiency on {target}")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
