@@ -608,6 +608,23 @@ def _published(pub: dict[str, Any]) -> str:
     return f"{f4(pub.get('recall@10'))} / {f4(pub.get('ndcg@10'))}"
 
 
+def _transfer_rows(d: dict[str, Any], fraction: float = 0.1) -> list[list[str]]:
+    """At `fraction` of the target's users: the pre-trained method validation picks against the best
+    from-scratch one (both chosen by median validation NDCG@10)."""
+    at = [s for s in d["summary"] if s["fraction"] == fraction]
+    pre = [s for s in at if s["method"].startswith("pt-")]
+    scratch = [s for s in at if not s["method"].startswith("pt-") and s["method"] != "popularity"]
+    if not pre or not scratch:
+        return []
+    best_pre = max(pre, key=lambda s: s["valid_ndcg@10_median"])
+    best_scratch = max(scratch, key=lambda s: s["valid_ndcg@10_median"])
+    return [[f"UniSRec pre-trained, fine-tuned on {fraction:.0%} of the users: test N@10 (median of "
+             f"{best_pre['seeds']} seeds)", d["target"], f"`{best_pre['method']}`",
+             f4(best_pre["test_ndcg@10_median"]),
+             f"best from scratch on the same users: {f4(best_scratch['test_ndcg@10_median'])} "
+             f"(`{best_scratch['method']}`)"]]
+
+
 def headline(link: str = "docs/results.md") -> list[str]:
     """One table of the picked runs and the speed and cost numbers behind the README's claims."""
     rows: list[list[str]] = []
@@ -631,6 +648,8 @@ def headline(link: str = "docs/results.md") -> list[str]:
         rows.append(["SASRec: time to RecBole's best valid N@10 (median over seeds)", "ml-100k", f"`{key}`",
                      f"{s['median_ratio_vs_recbole_time_to_best']:.3f} ×, {s['reached']} of {len(s['seeds'])} "
                      "seeds reach it", "RecBole 1.2.1: 1 ×"])
+    for path in sorted(RESULTS.glob("data_efficiency_*.json")):
+        rows += _transfer_rows(json.loads(path.read_text()))
     cost = load("eval_cost.json")
     if cost:
         m = cost["median"]
