@@ -517,6 +517,27 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def scale(d: dict[str, Any]) -> list[str]:
+    """Cost against size on generated logs: prepare, an epoch, full evaluation, the IVF build."""
+    rows = [[f"{r['interactions']:,}", f"{r['users']:,}", f"{r['items']:,}", f"{r['prepare']['total_s']:.1f}",
+             f"{r['prepare']['peak_rss_mb'] / 1024:.2f}", f"{r['epoch']['targets_per_s']:,.0f}",
+             f"{r['epoch']['epoch_s']:.0f}" + (" (est.)" if r["epoch"]["extrapolated"] else ""),
+             f"{r['evaluation']['all_users_s']:.0f}" + (" (est.)" if r["evaluation"]["extrapolated"] else ""),
+             f"{r['evaluation']['gflop_per_s']:.0f}", f"{r['index']['build_s']:.1f}"] for r in d["rows"]]
+    intro = ("Generated logs (`seqrec.data.synthetic`: Zipf item popularity, log-normal history lengths; users = "
+             "n/10, items = n/20). `prepare`: `seqrec data prepare` on the log as Parquet, in its own process (its "
+             "peak RSS). Epoch: SASRec d 64, 2 blocks, sampled softmax with 1024 shared negatives, batch 256, 2 "
+             "threads; the rate of the first batches times every training target. Evaluation: exact full ranking "
+             "of sampled validation users against every item, scaled to all users. IVF: FAISS build over the item "
+             f"vectors. Script: `benchmarks/scale.py`; file: `results/scale.json`; command: `{d['command']}`.")
+    lines = ["## Scale: cost against size", "", intro, "",
+             *table(["interactions", "users", "items", "prepare s", "prepare peak GB", "train targets/s", "epoch s",
+                     "full evaluation s", "evaluation GFLOP/s", "IVF build s"], rows)]
+    if (RESULTS / "scale.png").is_file():
+        lines += ["", "![cost against size](results/scale.png)"]
+    return lines
+
+
 def transfer_probe(d: dict[str, Any]) -> list[str]:
     """Validation NDCG@10 on the target of each pre-trained model and its parts, with no training."""
     target = d["target"]
@@ -553,11 +574,12 @@ SECTIONS: list[tuple[str, Render]] = [
     ("output_layer.json", output_layer),
     ("data_efficiency_*.json", data_efficiency),
     ("transfer_probe_*.json", transfer_probe),
+    ("scale.json", scale),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "data_efficiency_*.json", "transfer_probe_*.json")
+                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
