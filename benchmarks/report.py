@@ -529,7 +529,11 @@ def scale(d: dict[str, Any]) -> list[str]:
              "peak RSS). Epoch: SASRec d 64, 2 blocks, sampled softmax with 1024 shared negatives, batch 256, 2 "
              "threads; the rate of the first batches times every training target. Evaluation: exact full ranking "
              "of sampled validation users against every item, scaled to all users. IVF: FAISS build over the item "
-             f"vectors. Script: `benchmarks/scale.py`; file: `results/scale.json`; command: `{d['command']}`.")
+             f"vectors. Script: `benchmarks/scale.py`; file: `results/scale.json`; command: `{d['command']}`. "
+             "What grows faster than the data: full evaluation is users × items, and both grow with n, so it is "
+             "quadratic by definition (the rate stays near the matmul peak); the training rate falls as the item "
+             "table grows because Adam updates every row of the table at every step, whatever the batch touched "
+             "(a sparse or lazy optimiser for the table would remove that; not done yet).")
     lines = ["## Scale: cost against size", "", intro, "",
              *table(["interactions", "users", "items", "prepare s", "prepare peak GB", "train targets/s", "epoch s",
                      "full evaluation s", "evaluation GFLOP/s", "IVF build s"], rows)]
