@@ -542,6 +542,28 @@ def scale(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def tune(d: dict[str, Any]) -> list[str]:
+    """`seqrec tune` against the hand-made recipe on one dataset."""
+    t, best = d["tune"], d["tune"]["best_trial"]
+    states = ", ".join(f"{n} {s}" for s, n in sorted(d["states"].items()))
+    params = ", ".join(f"{k.split('.')[-1]} {v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]} {v}"
+                       for k, v in best["params"].items())
+    rows = [[f"`seqrec tune` ({d['budget_s'] / 60:.0f} min, {t['n_trials']} trials: {states})", params,
+             f4(t["best_run"]["valid"]["ndcg@10"]), f4(t["best_run"]["test"]["recall@10"]),
+             f4(t["best_run"]["test"]["ndcg@10"])]]
+    for key, label in (("recipe", "hand-made recipe"), ("recipe_history_bias", "hand-made recipe + history bias")):
+        r = d.get(key)
+        if r:
+            rows.append([label, f"`{r['run']}`", f4(r["valid"]["ndcg@10"]), f4(r["test"]["recall@10"]),
+                         f4(r["test"]["ndcg@10"])])
+    intro = (f"A validation-only search (TPE, median pruning) from the recipe's config on {d['dataset']}, then the "
+             "best settings trained again (the recipe's refit) and tested once; the hand-made rows are the runs "
+             "validation picked among the SASRec configurations tried. Script: `benchmarks/tune_vs_recipe.py`; "
+             f"file: `results/tune_{d['dataset']}.json`; command: `{d['command']}`.")
+    return [f"## `seqrec tune` against the recipe on {d['dataset']}", "", intro, "",
+            *table(["run", "settings", "valid N@10", "test R@10", "test N@10"], rows)]
+
+
 def transfer_probe(d: dict[str, Any]) -> list[str]:
     """Validation NDCG@10 on the target of each pre-trained model and its parts, with no training."""
     target = d["target"]
@@ -579,11 +601,12 @@ SECTIONS: list[tuple[str, Render]] = [
     ("data_efficiency_*.json", data_efficiency),
     ("transfer_probe_*.json", transfer_probe),
     ("scale.json", scale),
+    ("tune_*.json", tune),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json")
+                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

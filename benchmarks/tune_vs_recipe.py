@@ -1,0 +1,62 @@
+"""`seqrec tune` against the hand-made recipe: a time-boxed validation-only search on a dataset,
+then the best settings trained and tested once, next to the recipe's own run.
+
+    python benchmarks/tune_vs_recipe.py --dataset amazon-scientific-unisrec --budget 1200
+
+The study starts from the recipe (benchmarks/configs/sasrec-<dataset>.toml, its refit kept for the
+final run) and searches the SASRec space of `seqrec.train.tune`. The recipe's row is the hand-made
+run of results/sasrec_quality*.json that validation picked (without the history bias, which the
+search may turn on). Writes results/tune_<dataset>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, ROOT, WORK, machine, prepared, write_result
+
+
+def recipe_row(dataset: str, history_bias: bool) -> dict:
+    """The picked hand-made SASRec run on `dataset` (best validation NDCG@10), with or without the bias."""
+    runs = {}
+    for path in RESULTS.glob("sasrec_quality*.json"):
+        runs.update(json.loads(path.read_text()))
+    mine = {k: r for k, r in runs.items() if isinstance(r, dict) and r.get("dataset") == dataset
+            and bool(r.get("config", {}).get("model", {}).get("history_bias")) == history_bias}
+    key = max(mine, key=lambda k: mine[k]["valid"]["ndcg@10"])
+    return {"run": key, "valid": mine[key]["valid"], "test": mine[key]["test"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="amazon-scientific-unisrec")
+    p.add_argument("--budget", type=float, default=1800)
+    p.add_argument("--report-only", action="store_true", help="write the results file from a finished study")
+    args = p.parse_args()
+    data = prepared(args.dataset)
+    out = WORK / "runs" / f"tune-{args.dataset}"
+    config = ROOT / "benchmarks" / "configs" / f"sasrec-{args.dataset}.toml"
+    argv = [str(ROOT / ".venv" / "bin" / "seqrec"), "tune", "--dataset", str(data.path), "--config", str(config),
+            "--budget", str(args.budget), "--set", "train.threads=2", "--out", str(out)]
+    t0 = time.perf_counter()
+    if not args.report_only:
+        subprocess.run(argv, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    report = json.loads((out / "trials.json").read_text())
+    write_result(RESULTS / f"tune_{args.dataset}.json", {
+        "dataset": args.dataset, "machine": machine(), "budget_s": args.budget,
+        "wall_s": None if args.report_only else time.perf_counter() - t0,
+        "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --budget {args.budget:g}",
+        "tune": {k: report[k] for k in ("n_trials", "best_trial", "best_run")},
+        "states": {s: sum(t["state"] == s for t in report["trials"]) for s in {t["state"] for t in report["trials"]}},
+        "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_row(args.dataset, True)})
+
+
+if __name__ == "__main__":
+    main()
