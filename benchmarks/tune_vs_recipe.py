@@ -38,13 +38,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="amazon-scientific-unisrec")
     p.add_argument("--budget", type=float, default=1800)
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each trial")
     p.add_argument("--report-only", action="store_true", help="write the results file from a finished study")
     args = p.parse_args()
     data = prepared(args.dataset)
     out = WORK / "runs" / f"tune-{args.dataset}"
     config = ROOT / "benchmarks" / "configs" / f"sasrec-{args.dataset}.toml"
     argv = [str(ROOT / ".venv" / "bin" / "seqrec"), "tune", "--dataset", str(data.path), "--config", str(config),
-            "--budget", str(args.budget), "--set", "train.threads=2", "--out", str(out)]
+            "--budget", str(args.budget), "--set", f"train.threads={args.threads}", "--out", str(out)]
     t0 = time.perf_counter()
     if not args.report_only:
         subprocess.run(argv, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
