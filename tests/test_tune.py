@@ -70,3 +70,17 @@ def test_cli_tune_trains_and_tests_the_best(tiny_dataset: PreparedDataset, tmp_p
 def test_unknown_model_space_is_an_error(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
     with pytest.raises(SeqrecError, match="no search space"):
         tune({"model": {"name": "item2vec"}}, tiny_dataset, tmp_path / "s", budget_s=10, trials=1)
+
+
+def test_the_budget_bounds_a_running_trial(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """A trial that would train for a thousand epochs stops at the study's budget, keeping its best epoch."""
+    import time
+
+    long = {**BASE, "train": {"epochs": 1000, "patience": 1000, "batch_size": 64}}
+    t0 = time.perf_counter()
+    report = tune(long, tiny_dataset, tmp_path / "study", budget_s=3, trials=None, final=False)
+    assert time.perf_counter() - t0 < 60
+    first = report["trials"][0]
+    assert first["state"] == "complete" and first["valid_ndcg@10"] is not None
+    results = json.loads((tmp_path / "study" / "trials" / "0" / "results.json").read_text())
+    assert results["epochs_run"] < 1000

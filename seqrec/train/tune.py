@@ -8,7 +8,8 @@
                        refit applies) and tested once: the only time the test split is read
 
 Trials are pruned by Optuna's median rule on validation NDCG@10 after `warmup` evaluations; the
-study stops at `budget_s` seconds or `trials` trials. Each trial is a TPE sample from the model's
+study stops at `budget_s` seconds (a trial still running then stops at its next epoch's end, and
+keeps its best epoch so far) or `trials` trials. Each trial is a TPE sample from the model's
 space (`SPACES`), on top of the base config (a shipped recipe or the defaults).
 """
 
@@ -95,9 +96,15 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
     started = time.time()
     study.set_user_attr("base", base)
 
+    deadline = started + budget_s
+
     def objective(trial: Any) -> float:
         values = _fits({k: draw(trial) for k, draw in space.items()}, base)
-        raw = _with(base, {**values, "train.refit": False, "train.progress": False})
+        # a trial ends with the study's budget too: Optuna's timeout only stops new trials from starting
+        remaining = max(1.0, deadline - time.time())
+        own = float(base.get("train", {}).get("time_budget_s") or 0)
+        raw = _with(base, {**values, "train.refit": False, "train.progress": False,
+                           "train.time_budget_s": min(own, remaining) if own > 0 else remaining})
         cfg = resolve(raw)
         trial.set_user_attr("config", raw)
         trial.set_user_attr("started", time.time())
