@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, WORK, machine, prepared, write_result
 
+from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 
 FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
@@ -125,9 +126,7 @@ def execute(argv: list[str], out: Path) -> None:
 def popularity(data: PreparedDataset, fraction: float, seed: int, k: int = 10) -> dict[str, float]:
     """Items ranked by their training-event count among the sampled users; ties count against the target."""
     view = data.with_training_users(fraction, seed)
-    end = view.train_end()
-    mask = np.arange(len(view.items)) - np.repeat(view.offsets[:-1], view.lengths) < np.repeat(end, view.lengths)
-    counts = np.bincount(view.items[mask], minlength=view.n_items + 1).astype(np.float64)
+    counts = train_item_counts(view).astype(np.float64)
     counts[0] = -np.inf
     out = {}
     for split in ("valid", "test"):
