@@ -465,6 +465,57 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _train_rows(device: str, d: dict[str, Any]) -> list[list[str]]:
+    runs = [("SASRec ml-100k recipe", d.get("train", {}).get("fp32")),
+            ("same, bf16 autocast", d.get("train", {}).get("bf16")),
+            ("SASRec d 256, 3 epochs", d.get("train", {}).get("d256")),
+            (f"same recipe, torchrun {d.get('ddp', {}).get('processes', '')} process(es), "
+             f"{d.get('ddp', {}).get('backend', '')}", d.get("ddp")),
+            ("UniSRec Scientific recipe", d.get("unisrec"))]
+    return [[name, device, r["epochs_run"], num(r["train_seconds"]), num(r["median_epoch_s"], 2),
+             num(r["median_targets_per_s"]), f4(r["test"]["recall@10"]), f4(r["test"]["ndcg@10"])]
+            for name, r in runs if r and "test" in r]
+
+
+def cuda(d: dict[str, Any]) -> list[str]:
+    cpu = load("cuda_check_cpu.json") or {}
+    rk, sv, pk = d["ranking"], d["serve"], d["peak"]
+    cpu_eval = load("eval_cost.json")
+    lines = ["## CUDA: the GPU paths against the CPU", "",
+             f"{d['device']}, torch {d['machine']['torch']}; matrix-product peak measured in the same run: "
+             f"fp32 {pk['fp32_tflops']:.0f} TFLOP/s (TF32 off, as seqrec leaves it), bf16 {pk['bf16_tflops']:.0f}. "
+             "Script: `benchmarks/cuda_check.py` (run where a GPU is lent; the CPU rows are the same script "
+             "with `--device cpu` on this 2-core machine); files: `results/cuda_check.json`, "
+             "`results/cuda_check_cpu.json`.", "",
+             "Blocked full ranking on the GPU against the CPU path (random states, planted exact ties, output "
+             "bias, history offsets, filtered history). A differing user is explained when a competitor sits "
+             "within float error of the tie boundary (margin: its distance from the boundary in units of the "
+             "tie tolerance, in float64):", "",
+             *table(["case", "users", "ranks that differ", "by at most", "margin of the nearest competitor"],
+                    [[case, r["users"], r["mismatches"], r["max_abs_rank_difference"],
+                      ", ".join(f"{m:.3f}" for m in r["boundary_margins"]) or DASH]
+                     for case, r in rk["equal_to_cpu"].items()]), "",
+             *table(["full ranking", "wall s (median of 3)", "TFLOP/s", "fraction of fp32 peak", "peak memory MB"],
+                    [[f"{rk['users']:,} × {rk['items']:,}, D {rk['d']}, GPU", num(rk["seconds_median"], 2),
+                      num(rk["tflops"], 1), num(rk["fraction_of_fp32_peak"], 2), num(rk.get("peak_gpu_memory_mb"))],
+                     *([[f"same, CPU {cpu_eval['threads']} threads (`eval_cost.py`)",
+                         num(cpu_eval["median"]["seconds"], 1), num(cpu_eval["median"]["gflops"] / 1e3, 2),
+                         num(cpu_eval["median"]["fraction_of_peak"], 2), num(cpu_eval["median"]["peak_rss_mb"])]]
+                       if cpu_eval else [])]), "",
+             "Training with the shipped recipes (`seqrec train ... --set train.device=cuda`); test metrics "
+             "of the validation-picked epoch. The CPU rows stop at the recipe's time budget:", "",
+             *table(["run", "device", "epochs", "train s", "s / epoch", "targets/s", "R@10", "N@10"],
+                    [*_train_rows("GPU", d), *_train_rows("CPU (2 cores)", cpu)]), "",
+             f"Serving a CUDA-loaded run: top-10 items equal to the CPU-loaded run's for "
+             f"{sv['topk_items_equal_to_cpu']} of {sv['histories']} real ml-100k histories (largest score "
+             f"difference {sv['max_score_difference']:.1e}); sessions with the KV cache ({sv['session_events_cached']} "
+             f"cached events over {sv['session_histories']} histories) against `recommend` on the same history: "
+             f"largest score difference {sv['session_vs_recommend_max_score_difference']:.1e}; the HTTP app's "
+             f"/recommend equal to `Recommender.recommend` for {sv['app_recommend_equal']} of {sv['app_checked']}; "
+             f"one request p50 {sv['recommend_latency_ms_p50']:.1f} ms, p99 {sv['recommend_latency_ms_p99']:.1f} ms."]
+    return lines
+
+
 # ---- transfer -----------------------------------------------------------------------------------
 
 def _share(fraction: float) -> str:
@@ -602,11 +653,12 @@ SECTIONS: list[tuple[str, Render]] = [
     ("transfer_probe_*.json", transfer_probe),
     ("scale.json", scale),
     ("tune_*.json", tune),
+    ("cuda_check.json", cuda),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json")
+                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

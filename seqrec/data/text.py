@@ -176,7 +176,7 @@ class TextEmbeddings:
     meta: dict
 
 
-def cache_key(options: TextOptions, source: str, revision: str, thash: str, any_missing: bool = True) -> dict:
+def cache_key(options: TextOptions, source: str, revision: str | None, thash: str, any_missing: bool = True) -> dict:
     """What the vectors depend on. The missing-text policy counts only when some item has no text, so
     that models differing only in `text_missing` share the cache of a dataset whose items all have text."""
     return {"encoder": source, "revision": revision, "pooling": options.pooling,
@@ -201,17 +201,23 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     raw_ids = table["item"].to_list()
     texts, missing = _fill_missing(item_texts(table, options.template), raw_ids, options.missing)
     thash = texts_hash([None if m and options.missing == "mean" else t for t, m in zip(texts, missing, strict=True)])
-    source = resolve_encoder(options.encoder)
-    revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
-    key = cache_key(options, source, revision, thash, bool(missing.any()))
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     folder = data.path / "text_cache"
+    try:
+        source = resolve_encoder(options.encoder)
+    except SeqrecError:  # the default encoder's package is absent here: vectors it made earlier still serve
+        key = cache_key(options, options.encoder, None, thash, bool(missing.any()))
+        found = _matching_entry(folder, key)
+        if found is None:
+            raise
+        return _reuse(found)
+    revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
+    # the key names the encoder as given and fingerprints its files, never where they are installed
+    key = cache_key(options, options.encoder, revision, thash, bool(missing.any()))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = folder / f"{digest}.safetensors"
-    if path.is_file():
-        tensors = load_file(str(path))
-        log.info("text vectors reused from %s", path)
-        meta = json.loads((folder / f"{digest}.json").read_text())
-        return TextEmbeddings(tensors["emb"], tensors.get("emb_word_drop"), path, True, meta)
+    found = path if path.is_file() else _matching_entry(folder, key)
+    if found is not None:
+        return _reuse(found)
     encoder = (encoder_factory or _default_factory)(options)
     t0 = time.perf_counter()
     emb = _encode(encoder, texts, missing, options, progress)
@@ -232,6 +238,39 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     log.info("encoded %d items x %d view(s) in %.1fs (%.0f texts/s) -> %s", len(texts), 1 + (aug is not None),
              seconds, meta["texts_per_s"], path)
     return TextEmbeddings(emb, aug, path, False, meta)
+
+
+def _reuse(path: Path) -> TextEmbeddings:
+    tensors = load_file(str(path))
+    log.info("text vectors reused from %s", path)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    return TextEmbeddings(tensors["emb"], tensors.get("emb_word_drop"), path, True, meta)
+
+
+def _matching_entry(folder: Path, key: dict) -> Path | None:
+    """A complete cache entry for the same texts and options made by the same encoder: the same files
+    (a local folder's `revision` fingerprint) wherever they were installed then, the same name and
+    revision otherwise, or, when the encoder is absent here (`revision` None), the encoder of the same
+    name. The newest such entry wins."""
+    if not folder.is_dir():
+        return None
+    metas = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for meta_path in metas:
+        vectors = meta_path.with_suffix(".safetensors")
+        try:
+            meta = json.loads(meta_path.read_text()) if vectors.is_file() else None
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict):
+            continue
+        same = all(meta.get(k) == v for k, v in key.items() if k not in ("encoder", "revision"))
+        named = meta.get("options", {}).get("encoder") == key["encoder"]
+        revision = key["revision"]
+        same_encoder = named if revision is None else meta.get("revision") == revision and (
+            named or revision.startswith("local-"))  # a fingerprint names the files themselves
+        if same and same_encoder:
+            return vectors
+    return None
 
 
 def _default_factory(options: TextOptions) -> TextEncoder:
