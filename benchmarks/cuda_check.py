@@ -12,6 +12,7 @@ CUDA paths give the CPU's answers and how fast they are:
 - serve:    a CUDA-loaded run against the same run on the CPU (top-k), sessions with the KV cache
             against re-encoding, the HTTP app's /recommend, and single-request latency
 - unisrec:  the Scientific UniSRec recipe trained on CUDA (when that dataset is prepared)
+- profile:  one training step of the ml-100k recipe under the torch profiler (syncs, top operators)
 
     SEQREC_HOME=benchmarks/work python benchmarks/cuda_check.py [--only ranking,train] [--out FILE]
     python benchmarks/cuda_check.py --tiny --device cpu    # the same code on small sizes, any machine
@@ -21,20 +22,22 @@ CUDA paths give the CPU's answers and how fast they are:
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from common import RESULTS, ROOT, machine, write_result
 
-SECTIONS = ("peak", "ranking", "train", "ddp", "serve", "unisrec")
+SECTIONS = ("peak", "ranking", "train", "ddp", "serve", "unisrec", "profile")
 
 
 def sync(device: torch.device) -> None:
@@ -56,10 +59,10 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
 
 
 def peak(device: torch.device, n: int) -> dict[str, float]:
-    out = {}
+    out: dict[str, float] = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-        out[f"{name}_tflops"] = 2 * n**3 / timed(lambda a=a, b=b: a @ b, device, 5) / 1e12
+        out[f"{name}_tflops"] = 2 * n**3 / timed(functools.partial(torch.matmul, a, b), device, 5) / 1e12
     out["tf32_allowed"] = bool(torch.backends.cuda.matmul.allow_tf32)
     return out
 
@@ -122,7 +125,7 @@ def ranking(device: torch.device, tiny: bool, fp32_tflops: float) -> dict[str, A
     target = torch.randint(1, items + 1, (users,), generator=g).to(device)
     chunk = users if device.type == "cuda" else user_chunk_size(items)
 
-    def full() -> torch.Tensor:
+    def full() -> Any:
         return stream_ranks((RankRequest(h_all[i:i + chunk], target[i:i + chunk]) for i in range(0, users, chunk)),
                             emb)
     if device.type == "cuda":
@@ -242,6 +245,52 @@ def _dataset_dir(name: str) -> Path:
     return Path(os.environ.get("SEQREC_HOME", ROOT / "benchmarks" / "work")) / "prepared" / name
 
 
+def step_profile(device: str, tiny: bool) -> dict[str, Any]:
+    """Where a training step of the ml-100k SASRec recipe spends its time: 40 steps under the torch
+    profiler after 10 of warm-up; the host-device synchronisations a step makes and the top operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from seqrec.config import load_toml, resolve
+    from seqrec.data.batching import Batch
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import setup, train_epoch
+
+    cfg = resolve(load_toml(ROOT / "configs" / "ml-100k-sasrec.toml"), [f"train.device={device}",
+                                                                         "train.progress=false"])
+    data = PreparedDataset.load(_dataset_dir("ml-100k"))
+    dev = torch.device(device)
+    model, opt, batches, step = setup(cfg, data, dev)
+
+    class Head:  # the first n batches of an epoch
+        def __init__(self, n: int) -> None:
+            self.n, self.n_targets = n, 0
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __iter__(self) -> Iterator[Batch]:
+            return itertools.islice(iter(batches), self.n)
+
+    n = 5 if tiny else 40
+    train_epoch(model, Head(10), opt, cfg, dev, 1, step)
+    sync(dev)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        train_epoch(model, Head(n), opt, cfg, dev, 1, step)
+        sync(dev)
+    per_step = (time.perf_counter() - t0) / n
+    events = prof.key_averages()
+    syncs = {e.key: e.count for e in events if "Synchronize" in e.key or e.key in ("aten::item", "aten::nonzero",
+                                                                              "aten::_local_scalar_dense")}
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    device_ms = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3 / n
+    return {"steps": n, "ms_per_step": per_step * 1e3, "device_busy_ms_per_step": device_ms,
+            "syncs_per_step": {k: v / n for k, v in syncs.items()},
+            "top_self_cpu": [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / n,
+                              "calls_per_step": e.count / n} for e in top]}
+
+
 def unisrec(out: Path, device: str, tiny: bool) -> dict[str, Any]:
     if not (_dataset_dir("amazon-scientific-unisrec") / "text_cache").is_dir():
         return {"skipped": "amazon-scientific-unisrec is not prepared with its text cache"}
@@ -285,6 +334,7 @@ def main() -> None:
         "ddp": lambda: ddp(runs, args.device, args.tiny),
         "serve": lambda: serve(runs, args.device),
         "unisrec": lambda: unisrec(runs, args.device, args.tiny),
+        "profile": lambda: step_profile(args.device, args.tiny),
     }
     for name, step in steps.items():
         if name not in only:

@@ -89,9 +89,13 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
     `ema`, if given, follows every optimiser step."""
     model.train()
     step = step or LossModule(model)
-    total, n, seen, t0 = 0.0, 0, 0, time.perf_counter()
+    # nothing in a step waits for the device: the loss is summed where it is computed and read once at
+    # the end, targets are counted on the host (on CUDA a per-step `.item()` would stall the queue)
+    total, n, seen, t0 = torch.zeros((), device=device), 0, 0, time.perf_counter()
     bar = tqdm(batches, desc=f"epoch {epoch}", disable=not cfg.train.progress, leave=False)
     for batch in bar:
+        if batch.targets is not None:
+            seen += int((batch.targets != 0).sum())
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
             loss = step(batch)
@@ -102,12 +106,12 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
         opt.step()
         if ema is not None:
             ema.update(model)
-        total, n = total + loss.item(), n + 1
-        if batch.targets is not None:
-            seen += int((batch.targets != 0).sum())
-        bar.set_postfix(loss=f"{total / n:.4f}", targets_per_s=f"{seen / (time.perf_counter() - t0):.0f}")
+        total, n = total + loss.detach().float(), n + 1
+        if cfg.train.progress:
+            bar.set_postfix(loss=f"{total.item() / n:.4f}", targets_per_s=f"{seen / (time.perf_counter() - t0):.0f}")
+    mean_loss = total.item() / max(1, n)
     seconds = time.perf_counter() - t0
-    return EpochStats(total / max(1, n), seconds, batches.n_targets / max(seconds, 1e-9))
+    return EpochStats(mean_loss, seconds, batches.n_targets / max(seconds, 1e-9))
 
 
 def selection_metric(ks: list[int]) -> str:
