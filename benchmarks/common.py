@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +49,29 @@ def machine() -> dict[str, Any]:
 def write_result(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def seqrec_cmd(*args: str, launcher: list[str] | None = None) -> list[str]:
+    return [*(launcher or [sys.executable]), "-m", "seqrec.cli", *args]
+
+
+def train_run(out: Path, name: str, dataset: str, config: str, sets: list[str],
+              launcher: list[str] | None = None) -> dict[str, Any]:
+    """`seqrec train` (under `launcher`, e.g. torchrun) into out/name with `--set` overrides: its wall
+    time, per-epoch medians and metrics, or the error it printed."""
+    run = out / name
+    cmd = seqrec_cmd("train", "--dataset", dataset, "--config", str(ROOT / config), "--out", str(run),
+                     *[a for s in sets for a in ("--set", s)], launcher=launcher)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout)[-2000:], "command": " ".join(cmd[2:])}
+    res = json.loads((run / "results.json").read_text())
+    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    epoch_s = [e["train_s"] for e in epochs if "train_s" in e]
+    rates = [e["targets_per_s"] for e in epochs if "targets_per_s" in e]
+    return {"command": " ".join(cmd[2:]), "wall_s": wall, "train_seconds": res["train_seconds"],
+            "epochs_run": res["epochs_run"], "median_epoch_s": statistics.median(epoch_s) if epoch_s else None,
+            "median_targets_per_s": statistics.median(rates) if rates else None,
+            "device": res.get("device"), "test": res["test"], "valid": res["valid"], "run": str(run)}

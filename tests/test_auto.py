@@ -55,3 +55,20 @@ def test_train_records_the_decision(tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     assert results["auto"][0]["key"] == "history_bias" and results["auto"][0]["value"] is True
     assert json.loads((out / "config.json").read_text())["model"]["history_bias"] is True
+
+
+@pytest.mark.parametrize(("model", "default"), [("sasrec", "auto"), ("gru4rec", "auto"), ("unisrec", False)])
+def test_history_bias_defaults(model: str, default: object) -> None:
+    assert resolve({"model": {"name": model}}).model.history_bias == default
+
+
+def test_a_given_model_keeps_what_it_was_built_with(tmp_path: Path) -> None:
+    """A model handed to `fit` (one to fine-tune) was built before the data was seen: "auto" follows it."""
+    from seqrec.registry import build_model_for
+
+    data = dataset(tmp_path, False)  # no repeats: from the data alone the bias would be on
+    built = build_model_for(resolve({"model": {"name": "sasrec", "history_bias": False}}).model, data, 8, None)
+    cfg = resolve({"model": {"name": "sasrec"}})
+    decisions = resolve_auto(cfg.model, data, built)
+    assert cfg.model.history_bias is False and decisions[0]["value"] is False
+    assert "given model" in decisions[0]["reason"]

@@ -112,7 +112,7 @@ class GRU4RecConfig:
     init_std: float = 0.02
     output_bias: bool = True
     tied: bool = True
-    history_bias: bool | Literal["auto"] = False  # learned offset for items already in the history
+    history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
     # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
 
     def __post_init__(self) -> None:

@@ -59,7 +59,7 @@ class SASRecConfig:
     init_std: float = 0.02
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
     input_norm: bool = False  # LayerNorm(item + position) before the dropout, as BERT and RecBole's SASRec do
-    history_bias: bool | Literal["auto"] = False  # learned offset for items already in the history
+    history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
     # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
 
     def __post_init__(self) -> None:

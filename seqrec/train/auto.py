@@ -23,11 +23,18 @@ log = logging.getLogger(__name__)
 REPEAT_RATE_ON = 0.05  # a history bias when fewer training events than this return to a seen item
 
 
-def resolve_auto(model_cfg: Any, data: PreparedDataset) -> list[dict[str, Any]]:
-    """Decide every "auto" setting of `model_cfg` (in place) from `data`'s training split."""
+def resolve_auto(model_cfg: Any, data: PreparedDataset, built: Any = None) -> list[dict[str, Any]]:
+    """Decide every "auto" setting of `model_cfg` (in place) from `data`'s training split. For a model
+    already `built` (one given to fine-tune) the decision is what it was built with."""
     decisions = []
     if getattr(model_cfg, "history_bias", None) == "auto":
-        decisions.append(_history_bias(model_cfg, data))
+        if built is not None:
+            has = getattr(built, "history", None) is not None
+            model_cfg.history_bias = has
+            decisions.append({"key": "history_bias", "value": has,
+                              "reason": f"the given model was built {'with' if has else 'without'} it"})
+        else:
+            decisions.append(_history_bias(model_cfg, data))
     for d in decisions:
         log.info("auto: model.%s = %s (%s)", d["key"], d["value"], d["reason"])
     return decisions

@@ -133,7 +133,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
     data = data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed)
-    decisions = resolve_auto(cfg.model, data)  # before the model is built; a given model was built decided
+    decisions = resolve_auto(cfg.model, data, model)  # before the model is built; a given model decided already
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     device = rank_device or pick_device(cfg.train.device)
