@@ -39,6 +39,7 @@ from tables import (
     section,
     table,
     value_range,
+    yes,
 )
 
 OUT = ROOT / "benchmarks" / "RESULTS.md"
@@ -524,6 +525,37 @@ def cuda(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def ddp_scaling(d: dict[str, Any]) -> list[str]:
+    return ["## Data-parallel scaling on this machine (CPU, gloo)", "",
+            f"The {d['dataset']} SASRec recipe (`{d['config']}`), {d['epochs']} epochs each, no early stop, run one "
+            "after the other. Script: `benchmarks/ddp_scaling.py`; file: `results/ddp_scaling.json`. The CUDA/NCCL "
+            "run is in the CUDA section.", "",
+            *table(["run", "s / epoch (median)", "speed-up over 1 thread", "targets/s", "test R@10", "test N@10"],
+                   [[name, num(r["median_epoch_s"], 2), num(r["speedup_vs_1_thread"], 2, "×"),
+                     num(r["median_targets_per_s"]), f4(r["test"]["recall@10"]), f4(r["test"]["ndcg@10"])]
+                    for name, r in d["rows"].items()])]
+
+
+def defaults(d: dict[str, Any]) -> list[str]:
+    lines = ["## Defaults: `seqrec train --model M` with no config", "",
+             "The command a new user types (progress bar off, one thread, the time cap in the file), against the "
+             "best-validated run of the same model on the same data anywhere in the results files. Goal: "
+             f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`.", "",
+             *header(["dataset", "model", "default test N@10", "epochs", "auto decisions", "best row test N@10",
+                      "best row", "ratio", "goal met"])]
+    for r in d["rows"]:
+        run, best = r["default"], r.get("best")
+        if "test" not in run:
+            lines.append(row([r["dataset"], r["model"], "failed: " + run.get("error", "").strip().splitlines()[-1],
+                              DASH, DASH, DASH, DASH, DASH, "no"]))
+            continue
+        auto = "; ".join(f"{a['key']}={a['value']}" for a in run.get("auto", [])) or DASH
+        lines.append(row([r["dataset"], r["model"], f4(run["test"]["ndcg@10"]), run["epochs_run"], auto,
+                          f4(best["test"]["ndcg@10"]) if best else DASH, f"`{best['from']}`" if best else DASH,
+                          num(r.get("ratio"), 2), yes(r.get("meets_goal"), "no") if best else DASH]))
+    return lines
+
+
 # ---- transfer -----------------------------------------------------------------------------------
 
 def _share(fraction: float) -> str:
@@ -662,11 +694,14 @@ SECTIONS: list[tuple[str, Render]] = [
     ("scale.json", scale),
     ("tune_*.json", tune),
     ("cuda_check.json", cuda),
+    ("ddp_scaling.json", ddp_scaling),
+    ("defaults.json", defaults),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json")
+                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json",
+                "ddp_scaling.json", "defaults.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

@@ -3,7 +3,8 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
 
     recommend   p50/p99 latency and requests/s of POST /recommend at concurrency 1, 8 and 32
                 (SASRec, d 64, 2 blocks, histories of 5-50 items, top-10 over 100k items, exact
-                and from the FAISS IVF index)
+                and from the FAISS IVF index; histories encoded by PyTorch or, `--engine onnx`,
+                by ONNX Runtime)
     live        1,000 items added by text (POST /items, one each, encoded by the packaged MiniLM)
                 to a UniSRec service while /recommend load runs at concurrency 8: failed requests,
                 and the time from each POST until the item is returned by the index (GET /similar of
@@ -88,12 +89,14 @@ def free_port() -> int:
 class Server:
     """`seqrec serve RUN` in a subprocess on a free loopback port, logging to a file."""
 
-    def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact") -> None:
+    def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact", engine: str = "torch",
+                 workers: int = 1) -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log.open("w")
         cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
-               "--threads", str(threads), "--index", index]
+               "--threads", str(threads), "--index", index, "--engine", engine, "--workers", str(workers)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -114,6 +117,10 @@ class Server:
         self.log.close()
 
 
+# /recommend rows: (label, --index, --engine)
+ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine", "ivf", "onnx"))
+
+
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(5, 51, n)
@@ -122,15 +129,16 @@ def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
     return [[f"i{i}" for i in h] for h in cuts]
 
 
-def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str) -> dict[str, Any]:
-    server = Server(run, WORK / "serve" / f"recommend-{index}.log", index=index)
+def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str,
+                    engine: str = "torch") -> dict[str, Any]:
+    server = Server(run, WORK / "serve" / f"recommend-{index}-{engine}.log", index=index, engine=engine)
     try:
         bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
         asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
         out = {}
         for c in (1, 8, 32):
             out[str(c)] = asyncio.run(run_load("127.0.0.1", server.port, bodies, c, n_requests, cap)).summary()
-            print(f"/recommend ({index}) concurrency {c}: {out[str(c)]}", flush=True)
+            print(f"/recommend ({index}, {engine}) concurrency {c}: {out[str(c)]}", flush=True)
         return out
     finally:
         server.stop()
@@ -234,8 +242,8 @@ def main() -> None:
     results = {"machine": machine(), "n_items": n_items, "tiny": args.tiny,
                "setup": "seqrec serve, 1 torch thread, top-10 from the index named in each row; loopback load "
                         "generator (benchmarks/loadgen.py)",
-               "recommend": {index: bench_recommend(sasrec_run, n_items, n_requests, cap, index)
-                             for index in ("exact", "ivf")},
+               "recommend": {name: bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine)
+                             for name, index, engine in ROWS},
                "live": bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0),
                "sessions": bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200), 3 if args.tiny else 20)}
     out = args.out or RESULTS / ("serve_load_tiny.json" if args.tiny else "serve_load.json")

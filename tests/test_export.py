@@ -197,3 +197,33 @@ def test_ml100k_sasrec_onnx_top10_is_identical(tmp_path: Path, monkeypatch: pyte
     histories = user_histories(data, 200, min_len=1)
     assert len(histories) == 200 and max(map(len, histories)) > 50  # some are cut to max_len
     assert_same_as_pytorch(tmp_path / "run" / "checkpoint", tmp_path / "export", histories)
+
+
+@pytest.mark.parametrize(("name", "extra"), [("sasrec", {"history_bias": True}), ("gru4rec", {})])
+def test_onnx_engine_serves_the_same_top_k(name: str, extra: dict[str, Any], tiny_dataset: PreparedDataset,
+                                           tmp_path: Path) -> None:
+    """`Recommender.use_engine("onnx")` (and `seqrec serve --engine onnx`): the same recommendations as
+    PyTorch, history offsets included, and the encoder really is ONNX Runtime's."""
+    ckpt = trained_checkpoint(name, extra, tiny_dataset, tmp_path / "ckpt")
+    torch_rec, onnx_rec = Recommender.from_run(ckpt), Recommender.from_run(ckpt, engine="onnx")
+    assert onnx_rec._onnx is not None and torch_rec._onnx is None
+    raw = torch_rec.catalogue.raw_ids
+    for history in user_histories(tiny_dataset, 12):
+        ids = [raw[i - 1] for i in history]
+        a, b = torch_rec.recommend(ids, k=10), onnx_rec.recommend(ids, k=10)
+        assert [r.item for r in a] == [r.item for r in b]
+        np.testing.assert_allclose([r.score for r in a], [r.score for r in b], atol=1e-4)
+    many = [[raw[i - 1] for i in h] for h in user_histories(tiny_dataset, 5)]
+    assert [[r.item for r in rs] for rs in onnx_rec.recommend_many(many, k=5)] == \
+        [[r.item for r in rs] for rs in torch_rec.recommend_many(many, k=5)]
+    onnx_rec.use_engine("torch")
+    assert onnx_rec._onnx is None
+
+
+def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    ckpt = trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "ckpt")
+    with pytest.raises(SeqrecError, match="unknown engine"):
+        Recommender.from_run(ckpt, engine="tensorrt")
+    text = trained_checkpoint("unisrec", {}, tiny_dataset, tmp_path / "text")
+    with pytest.raises(SeqrecError, match="takes new items by text"):
+        Recommender.from_run(text, engine="onnx")

@@ -273,3 +273,21 @@ def test_chunked_body_over_the_limit_is_413(runs: dict[str, Path]) -> None:
 
     got = client.post("/recommend", content=chunks(), headers={"content-type": "application/json"})
     assert got.status_code == 413 and "100 bytes" in got.json()["error"]
+
+
+def test_service_with_the_onnx_engine_answers_as_pytorch(runs: dict[str, Path]) -> None:
+    """`seqrec serve --engine onnx`: build_app passes the engine on, and /recommend gives PyTorch's top-k."""
+    from seqrec.cli.serve import build_app
+
+    options = {"run": str(runs["sasrec"]), "index": "exact", "threads": 1, "workers": 1, "max_sessions": 10,
+               "session_events": 10, "session_ttl": 60.0, "max_body_bytes": 1 << 20, "device": "cpu",
+               "engine": "onnx"}
+    app = build_app(options)
+    rec = app.state.recommender  # type: ignore[attr-defined]
+    assert rec._onnx is not None
+    reference = Recommender.from_run(runs["sasrec"])
+    client = TestClient(app)  # type: ignore[arg-type]
+    for history in (["i1"], ["i3", "i4", "i5"], ["i7", "i2", "i9", "i10", "i11"]):
+        got = client.post("/recommend", json={"history": history, "k": 5})
+        assert got.status_code == 200
+        assert [r["item"] for r in got.json()["items"]] == [r.item for r in reference.recommend(history, k=5)]

@@ -24,7 +24,8 @@ def build_app(options: dict) -> object:
 
     if options.get("threads"):
         torch.set_num_threads(int(options["threads"]))
-    rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"])
+    rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"],
+                               engine=options.get("engine", "torch"))
     rec.text_encoder()  # text models: the encoder is ready before the first new item
     one = int(options.get("workers", 1)) == 1
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
@@ -84,7 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run = _zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
-               "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device}
+               "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
+               "engine": args.engine}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
     if args.workers == 1:
@@ -133,6 +135,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="worker processes; with more than one, the catalogue is read-only and sessions are off")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--engine", choices=["torch", "onnx"], default="torch",
+                   help="what encodes histories: the PyTorch model, or its encoder exported to ONNX and run by "
+                        "ONNX Runtime (ID models on the CPU; fewer microseconds per request)")
     s.add_argument("--max-sessions", type=int, default=10_000)
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")

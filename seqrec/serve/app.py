@@ -14,6 +14,7 @@ is at /openapi.json and /docs. Requests are logged one line each, with their lat
 
 from __future__ import annotations
 
+import json
 import logging
 from importlib import resources
 from typing import Annotated, Any
@@ -21,7 +22,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -117,6 +118,13 @@ def _items(recs: list[Recommendation]) -> list[Item]:
     return [Item(item=r.item, score=r.score, title=r.title) for r in recs]
 
 
+def _recommendations(recs: list[Recommendation]) -> Response:
+    """A `RecommendResponse` body written straight to JSON: the hot path skips building and then
+    re-validating pydantic models (a measurable share of a request's CPU under load)."""
+    body = {"items": [{"item": r.item, "score": r.score, "title": r.title} for r in recs]}
+    return Response(json.dumps(body, allow_nan=False).encode(), media_type="application/json")
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -165,12 +173,12 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         return _error(exc.status_code, str(exc.detail))
 
     @app.post("/recommend", response_model=RecommendResponse)
-    async def recommend(req: RecommendRequest) -> RecommendResponse:
+    async def recommend(req: RecommendRequest) -> Response:
         """Top-k items for one history of raw item ids (most recent last)."""
         rec.check_k(req.k)
         idx = rec.to_indices(req.history)
         events = rec.history_events(len(idx), req.times, None)
-        return RecommendResponse(items=_items(await batcher.recommend(idx, events, req.k, req.exclude_seen)))
+        return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen))
 
     @app.post("/recommend/batch", response_model=BatchResponse)
     async def recommend_batch(req: BatchRequest) -> BatchResponse:

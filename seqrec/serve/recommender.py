@@ -57,6 +57,7 @@ class Recommender:
     def __init__(self, model: SequentialModel, items: pl.DataFrame, max_len: int, index: str = "exact",
                  **index_options: Any) -> None:
         self.model, self.max_len = model.eval(), max_len
+        self._onnx: Any = None  # an ONNX Runtime session of the encoder (`use_engine("onnx")`), or None
         items = items.sort("idx")
         titles = items["title"].cast(pl.Utf8).to_list() if "title" in items.columns else [None] * items.height
         with torch.no_grad():
@@ -66,15 +67,38 @@ class Recommender:
         self._text_encoder: Any = None  # loaded on the first new item
 
     @classmethod
-    def from_run(cls, path: Path | str, device: str = "cpu", index: str = "exact",
+    def from_run(cls, path: Path | str, device: str = "cpu", index: str = "exact", engine: str = "torch",
                  **index_options: Any) -> Recommender:
-        """A run folder (with checkpoint/) or a checkpoint folder."""
+        """A run folder (with checkpoint/) or a checkpoint folder; `engine` as in `use_engine`."""
         path = Path(path)
         ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
         if not (ckpt / "model.json").is_file():
             raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
         model, meta = load_checkpoint(ckpt, device)
-        return cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
+        rec = cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
+        rec.use_engine(engine)
+        return rec
+
+    def use_engine(self, engine: str = "onnx") -> None:
+        """Which runtime encodes histories: "torch" (the model itself) or "onnx": the encoder exported
+        to ONNX (`seqrec.serve.export`, checked against PyTorch when it is written) and run by ONNX
+        Runtime on the CPU, with as many threads as torch has. ONNX Runtime costs a fraction of
+        PyTorch's per-operator overhead on small batches and runs without holding Python's GIL, so a
+        service answers more requests per core. Sessions (KV cache) and top-k stay in PyTorch. Not for
+        text models (their catalogue grows, an exported encoder's item table does not) nor models
+        with side features, nor a model on a GPU."""
+        if engine == "torch":
+            self._onnx = None
+            return
+        if engine != "onnx":
+            raise SeqrecError(f"unknown engine {engine!r}: torch or onnx")
+        if self.takes_text:
+            raise SeqrecError(f"the onnx engine serves ID models; {self.model.name} takes new items by text, "
+                              "which an exported encoder cannot see: use --engine torch")
+        if self.catalogue.vectors.device.type != "cpu":
+            raise SeqrecError("the onnx engine runs on the CPU; the model is on "
+                              f"{self.catalogue.vectors.device}: use --engine torch")
+        self._onnx = _onnx_session(self.model, self.n_items, self.max_len)
 
     # -- the catalogue -------------------------------------------------------------------------------
 
@@ -156,6 +180,8 @@ class Recommender:
         names = self.model.event_feature_names()
         if times is not None and len(times) != n:
             raise SeqrecError(f"times has {len(times)} values for a history of {n} items")
+        if not names and not events:  # a model without event features: nothing to build
+            return {}
         given = {k: np.asarray(v, dtype=np.float64) for k, v in (events or {}).items()}
         bad = [k for k, v in given.items() if len(v) != n]
         if bad:
@@ -174,6 +200,9 @@ class Recommender:
                ) -> tuple[torch.Tensor, Batch]:
         """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items)."""
         batch = history_batch([list(h) for h in histories], self.max_len, events or None)
+        if self._onnx is not None and batch.events is None:
+            state = self._onnx.run(["state"], {"items": batch.items.numpy()})[0]
+            return torch.from_numpy(state), batch
         batch = batch.to(self.catalogue.vectors.device)
         return self.model.encode(batch), batch
 
@@ -297,3 +326,22 @@ class Recommender:
         query = self.catalogue.vectors[idx : idx + 1]
         values, ids = self.catalogue.retriever.search(query, k, exclude=[[idx]])
         return self._results(values[0].tolist(), ids[0].tolist())
+
+
+def _onnx_session(model: SequentialModel, n_items: int, max_len: int) -> Any:
+    """An ONNX Runtime session of `model`'s encoder, exported into a temporary folder."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
+    from seqrec.serve.export import EncoderForExport, write_encoder
+
+    with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
+        path = Path(tmp) / "encoder.onnx"
+        write_encoder(EncoderForExport(model, n_items, max_len), path, None)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,142 @@
+"""Defaults that work: `seqrec train --dataset D --model M` with no config, next to the best
+validation-picked row of the results on the same data and model.
+
+Each run is the command a new user types (only the progress bar off, a thread count and a time
+cap, which the result records); its `auto` decisions are recorded with their reasons. The best
+row is the one with the highest validation NDCG@10 among every run of that model on that dataset
+in benchmarks/results/*.json (seen items never filtered; partial-data runs included, as they
+are runs of the model on the data). The goal: the default reaches 95% of that row's test NDCG@10.
+
+    python benchmarks/defaults.py [--datasets ml-100k ...] [--models sasrec ...] [--budget 900]
+    python benchmarks/defaults.py --report-only     # re-read the runs, rewrite the file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, WORK, machine, train_run, write_result
+
+DATASETS = ("ml-100k", "amazon-scientific-unisrec", "amazon-beauty-p5")
+MODELS = ("sasrec", "gru4rec", "bert4rec", "unisrec")
+OUT = RESULTS / "defaults.json"
+GOAL = 0.95
+
+
+# files whose runs do not name their dataset or model
+FILE_HINTS = {"speed_vs_recbole.json": ("ml-100k", "sasrec")}
+
+
+def _dataset_of(r: dict[str, Any], hint: str | None = None) -> str | None:
+    for where in (r, r.get("protocol") or {}):
+        if isinstance(where.get("dataset"), str):
+            return Path(where["dataset"]).name
+    config = r.get("config")
+    data = config.get("data") if isinstance(config, dict) else None
+    return Path(data["dataset"]).name if isinstance(data, dict) and isinstance(data.get("dataset"), str) else hint
+
+
+def _model_of(r: dict[str, Any], hint: str | None) -> str | None:
+    if isinstance(r.get("model"), str):
+        return str(r["model"])
+    config = r.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return name if isinstance(name, str) else hint
+
+
+def _valid_ndcg(r: dict[str, Any]) -> float | None:
+    v = r.get("valid")
+    value = v.get("ndcg@10") if isinstance(v, dict) else r.get("valid_ndcg@10", r.get("best_valid_ndcg@10"))
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def rows(obj: Any, path: str, hint: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every run-like entry (test and validation NDCG@10) anywhere in a results file."""
+    if isinstance(obj, dict):
+        if isinstance(obj.get("test"), dict) and "ndcg@10" in obj["test"] and _valid_ndcg(obj) is not None:
+            yield path, obj
+            return
+        for k, v in obj.items():
+            yield from rows(v, f"{path}/{k}", hint)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from rows(v, f"{path}/{i}", hint)
+
+
+def best_rows(folder: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]]:
+    """(dataset, model) -> the best-validated run in the results files (not this script's, not a GPU's)."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for f in sorted(folder.glob("*.json")):
+        if f.name.startswith(("defaults", "cuda_check")) or f.name.endswith("_tiny.json"):
+            continue
+        hint = "unisrec" if f.name.startswith(("unisrec", "data_efficiency", "transfer_probe")) else (
+            "sasrec" if f.name.startswith("sasrec_quality") else None)
+        data_hint, hint = FILE_HINTS.get(f.name, (None, hint))
+        for path, r in rows(json.loads(f.read_text()), f.name, hint):
+            dataset, model = _dataset_of(r, data_hint), _model_of(r, hint)
+            peer = path.split("/")[-1].startswith("recbole")  # a peer library's run, not seqrec's
+            if dataset is None or model is None or peer or (r.get("protocol") or {}).get("filter_seen"):
+                continue
+            valid = _valid_ndcg(r)
+            key = (dataset, model)
+            if valid is not None and (key not in best or valid > best[key]["valid_ndcg@10"]):
+                best[key] = {"valid_ndcg@10": valid, "test": r["test"], "from": path}
+    return best
+
+
+def run_default(dataset: str, model: str, budget: float, threads: int) -> dict[str, Any]:
+    sets = ["train.progress=false", f"train.threads={threads}", f"train.time_budget_s={budget}"]
+    res = train_run(WORK / "runs" / "defaults", f"{dataset}-{model}", dataset, None, sets, model=model)
+    run = Path(res.get("run", ""))
+    if (run / "results.json").is_file():
+        full = json.loads((run / "results.json").read_text())
+        res["auto"] = full.get("auto", [])
+        res["stopped_by_budget"] = full.get("stopped_by_budget")
+    return res
+
+
+def report(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    best = best_rows()
+    table = []
+    for key, r in runs.items():
+        dataset, model = key.split("/")
+        b = best.get((dataset, model))
+        row: dict[str, Any] = {"dataset": dataset, "model": model, "default": r}
+        if b is not None and "test" in r:
+            row["best"] = b
+            row["ratio"] = r["test"]["ndcg@10"] / b["test"]["ndcg@10"]
+            row["meets_goal"] = row["ratio"] >= GOAL
+        table.append(row)
+    return {"goal": f"default test NDCG@10 >= {GOAL:.0%} of the best-validated row's", "rows": table,
+            "machine": machine(), "command": " ".join(["python", *sys.argv])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--budget", type=float, default=900.0, help="training time cap per run, seconds")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args()
+    runs = json.loads(OUT.read_text()).get("runs", {}) if OUT.is_file() else {}
+    if not args.report_only:
+        for dataset in args.datasets:
+            for model in args.models:
+                runs[f"{dataset}/{model}"] = r = run_default(dataset, model, args.budget, args.threads)
+                print(f"{dataset} {model}: " + (f"test N@10 {r['test']['ndcg@10']:.4f}" if "test" in r
+                                                else r.get("error", "")[-300:]), flush=True)
+                write_result(OUT, {**report(runs), "runs": runs})
+    write_result(OUT, {**report(runs), "runs": runs})
+    print(f"-> {OUT}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/defaults.py finds the best-validated run of a model on a dataset across results files
+of different shapes, and leaves out peers' runs, seen-filtered runs and its own file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import defaults  # noqa: E402
+
+
+def test_best_rows_across_file_shapes(tmp_path: Path) -> None:
+    def run(valid: float, test: float, **extra: object) -> dict[str, object]:
+        return {"valid": {"ndcg@10": valid}, "test": {"ndcg@10": test}, **extra}
+
+    (tmp_path / "zoo.json").write_text(json.dumps({
+        "ml-100k/sasrec": run(0.05, 0.04, dataset="ml-100k", model="sasrec"),
+        "ml-100k/gru4rec": run(0.06, 0.05, dataset="ml-100k", model="gru4rec")}))
+    (tmp_path / "sasrec_quality_x.json").write_text(json.dumps({
+        "a": run(0.07, 0.06, config={"data": {"dataset": "/p/ml-100k"}, "model": {"name": "sasrec"}}),
+        "filtered": run(0.5, 0.5, config={"data": {"dataset": "/p/ml-100k"}, "model": {"name": "sasrec"}},
+                        protocol={"filter_seen": True})}))
+    (tmp_path / "speed_vs_recbole.json").write_text(json.dumps({"runs": {
+        "recbole": {"best_valid_ndcg@10": 0.9, "test": {"ndcg@10": 0.9}},
+        "seqrec-recbole-arch": {"best_valid_ndcg@10": 0.08, "test": {"ndcg@10": 0.07}}}}))
+    (tmp_path / "defaults.json").write_text(json.dumps({"x": run(0.99, 0.99, dataset="ml-100k", model="sasrec")}))
+    best = defaults.best_rows(tmp_path)
+    assert best[("ml-100k", "sasrec")]["from"] == "speed_vs_recbole.json/runs/seqrec-recbole-arch"
+    assert best[("ml-100k", "sasrec")]["test"]["ndcg@10"] == 0.07
+    assert best[("ml-100k", "gru4rec")]["valid_ndcg@10"] == 0.06
