@@ -55,12 +55,13 @@ def seqrec_cmd(*args: str, launcher: list[str] | None = None) -> list[str]:
     return [*(launcher or [sys.executable]), "-m", "seqrec.cli", *args]
 
 
-def train_run(out: Path, name: str, dataset: str, config: str, sets: list[str],
-              launcher: list[str] | None = None) -> dict[str, Any]:
-    """`seqrec train` (under `launcher`, e.g. torchrun) into out/name with `--set` overrides: its wall
-    time, per-epoch medians and metrics, or the error it printed."""
+def train_run(out: Path, name: str, dataset: str, config: str | None, sets: list[str],
+              launcher: list[str] | None = None, model: str | None = None) -> dict[str, Any]:
+    """`seqrec train` (under `launcher`, e.g. torchrun) into out/name from a config (or a model's
+    defaults) with `--set` overrides: its wall time, per-epoch medians and metrics, or its error."""
     run = out / name
-    cmd = seqrec_cmd("train", "--dataset", dataset, "--config", str(ROOT / config), "--out", str(run),
+    chosen = ["--config", str(ROOT / config)] if config else ["--model", str(model)]
+    cmd = seqrec_cmd("train", "--dataset", dataset, *chosen, "--out", str(run),
                      *[a for s in sets for a in ("--set", s)], launcher=launcher)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

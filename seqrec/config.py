@@ -33,8 +33,11 @@ class DataConfig:
 
     dataset: str = ""  # a prepared-dataset folder, or a name under $SEQREC_HOME/prepared
     max_len: int = 50  # items of history the model sees
-    stride: int = 0  # training windows: targets per window (0 = max_len, consecutive windows; smaller overlaps)
-    jitter: bool = False  # draw the window boundaries afresh each epoch (seqrec.data.batching.TrainBatches)
+    # training windows: targets per window (0 = max_len, consecutive windows; smaller overlaps); "auto":
+    # overlapping windows when histories run past max_len (seqrec.train.auto)
+    stride: int | Literal["auto"] = "auto"
+    # draw the window boundaries afresh each epoch (seqrec.data.batching.TrainBatches); "auto": when windows overlap
+    jitter: bool | Literal["auto"] = "auto"
     train_fraction: float = 1.0  # learn from the training events of this share of the users (seeded); all are evaluated
     train_fraction_seed: int = 0
 
@@ -43,7 +46,7 @@ class DataConfig:
             raise SeqrecError(f"data.max_len must be >= 1, got {self.max_len}")
         if not 0 < self.train_fraction <= 1:
             raise SeqrecError(f"data.train_fraction must be in (0, 1], got {self.train_fraction}")
-        if not 0 <= self.stride <= self.max_len:
+        if self.stride != "auto" and not 0 <= self.stride <= self.max_len:
             raise SeqrecError(f"data.stride must be in [0, max_len={self.max_len}], got {self.stride}")
 
 

@@ -72,3 +72,37 @@ def test_a_given_model_keeps_what_it_was_built_with(tmp_path: Path) -> None:
     decisions = resolve_auto(cfg.model, data, built)
     assert cfg.model.history_bias is False and decisions[0]["value"] is False
     assert "given model" in decisions[0]["reason"]
+
+
+def long_histories(tmp_path: Path, length: int) -> PreparedDataset:
+    rows = [(f"u{u}", f"i{(u + t) % 500}", float(t)) for u in range(30) for t in range(length)]
+    frame = pl.DataFrame(rows, schema=["user", "item", "timestamp"], orient="row")
+    return prepare(RawDataset(Interactions(frame, "long"), None, "long"), PrepareOptions(), tmp_path / f"l{length}")
+
+
+def test_windows_overlap_only_where_histories_run_past_max_len(tmp_path: Path) -> None:
+    from seqrec.train.auto import resolve_auto_data
+
+    short = resolve({"data": {"max_len": 50}})
+    decisions = resolve_auto_data(short.data, long_histories(tmp_path, 20))  # 17 training targets < 50
+    assert short.data.stride == 0 and short.data.jitter is False
+    assert [d["key"] for d in decisions] == ["data.stride", "data.jitter"]
+    long = resolve({"data": {"max_len": 50}})
+    resolve_auto_data(long.data, long_histories(tmp_path, 200))  # most targets lie beyond one window
+    assert long.data.stride == 10 and long.data.jitter is True
+    explicit = resolve({"data": {"max_len": 50, "stride": 0, "jitter": False}})
+    assert resolve_auto_data(explicit.data, long_histories(tmp_path, 200)) == []
+    assert explicit.data.stride == 0 and explicit.data.jitter is False
+
+
+def test_a_default_run_records_its_window_decisions(tmp_path: Path) -> None:
+    data = long_histories(tmp_path, 60)
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", str(data.path), "--model", "sasrec", "--out", str(out), "--set", "data.max_len=8",
+            "--set", "model.d=8", "--set", "train.epochs=1", "--set", "train.progress=false"]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    keys = {d["key"]: d["value"] for d in results["auto"]}
+    assert keys["data.stride"] == 1 and keys["data.jitter"] is True  # max_len 8: a stride of 8 // 5
+    saved = json.loads((out / "config.json").read_text())["data"]
+    assert saved["stride"] == 1 and saved["jitter"] is True

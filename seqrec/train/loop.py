@@ -38,7 +38,7 @@ from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
-from seqrec.train.auto import resolve_auto
+from seqrec.train.auto import resolve_auto, resolve_auto_data
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
 from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, init_world, loss_module
 from seqrec.train.ema import WeightAverage
@@ -133,7 +133,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
     data = data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed)
-    decisions = resolve_auto(cfg.model, data, model)  # before the model is built; a given model decided already
+    # before the model is built (a given model decided already)
+    decisions = resolve_auto(cfg.model, data, model) + resolve_auto_data(cfg.data, data)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     device = rank_device or pick_device(cfg.train.device)
@@ -260,6 +261,9 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
     if batches is None:  # every target, with the event features the model takes
         events = dataset_event_values(data, model.event_feature_names())
+        if cfg.data.stride == "auto" or cfg.data.jitter == "auto":  # set up outside `fit`: decide here
+            resolve_auto_data(cfg.data, data)
+        assert cfg.data.stride != "auto" and cfg.data.jitter != "auto"
         batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride, events,
                                jitter=cfg.data.jitter)
     if world.distributed:
