@@ -9,6 +9,8 @@ are runs of the model on the data). The goal: the default reaches 95% of that ro
 
     python benchmarks/defaults.py [--datasets ml-100k ...] [--models sasrec ...] [--budget 900]
     python benchmarks/defaults.py --report-only     # re-read the runs, rewrite the file
+    python benchmarks/defaults.py --out B.json ...  # a second process beside the first
+    python benchmarks/defaults.py --report-only --include B.json   # then join its runs in
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def best_rows(folder: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]]:
     """(dataset, model) -> the best-validated run in the results files (not this script's, not a GPU's)."""
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for f in sorted(folder.glob("*.json")):
-        if f.name.startswith(("defaults", "cuda_check")) or f.name.endswith("_tiny.json"):
+        if f.name.startswith(("defaults", "cuda_check")) or f.name.endswith("_tiny.json"):  # defaults*: its own
             continue
         hint = "unisrec" if f.name.startswith(("unisrec", "data_efficiency", "transfer_probe")) else (
             "sasrec" if f.name.startswith("sasrec_quality") else None)
@@ -124,17 +126,22 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=900.0, help="training time cap per run, seconds")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--out", type=Path, default=OUT, help="results file (runs side by side write one each)")
+    p.add_argument("--include", type=Path, nargs="*", default=[], help="add the runs of these results files")
     args = p.parse_args()
-    runs = json.loads(OUT.read_text()).get("runs", {}) if OUT.is_file() else {}
+    out = args.out
+    runs = json.loads(out.read_text()).get("runs", {}) if out.is_file() else {}
+    for other in args.include:
+        runs.update(json.loads(other.read_text())["runs"])
     if not args.report_only:
         for dataset in args.datasets:
             for model in args.models:
                 runs[f"{dataset}/{model}"] = r = run_default(dataset, model, args.budget, args.threads)
                 print(f"{dataset} {model}: " + (f"test N@10 {r['test']['ndcg@10']:.4f}" if "test" in r
                                                 else r.get("error", "")[-300:]), flush=True)
-                write_result(OUT, {**report(runs), "runs": runs})
-    write_result(OUT, {**report(runs), "runs": runs})
-    print(f"-> {OUT}")
+                write_result(out, {**report(runs), "runs": runs})
+    write_result(out, {**report(runs), "runs": runs})
+    print(f"-> {out}")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def test_train_records_the_decision(tmp_path: Path) -> None:
     assert json.loads((out / "config.json").read_text())["model"]["history_bias"] is True
 
 
-@pytest.mark.parametrize(("model", "default"), [("sasrec", "auto"), ("gru4rec", "auto"), ("unisrec", False)])
+@pytest.mark.parametrize(("model", "default"), [("sasrec", "auto"), ("gru4rec", "auto"), ("unisrec", "auto")])
 def test_history_bias_defaults(model: str, default: object) -> None:
     assert resolve({"model": {"name": model}}).model.history_bias == default
 

@@ -58,7 +58,7 @@ class UniSRecConfig:
     positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
-    history_bias: bool | Literal["auto"] = False  # learned offset for items already in the history
+    history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
     # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
     init_std: float = 0.02
     # how the text vectors are made (the key of the text cache; see seqrec.data.text)
