@@ -97,10 +97,17 @@ def run_default(dataset: str, model: str, budget: float, threads: int) -> dict[s
     res = train_run(WORK / "runs" / "defaults", f"{dataset}-{model}", dataset, None, sets, model=model)
     run = Path(res.get("run", ""))
     if (run / "results.json").is_file():
-        full = json.loads((run / "results.json").read_text())
-        res["auto"] = full.get("auto", [])
-        res["stopped_by_budget"] = full.get("stopped_by_budget")
+        res["auto"] = json.loads((run / "results.json").read_text()).get("auto", [])
     return res
+
+
+def stopped_by_cap(r: dict[str, Any]) -> bool | None:
+    """Whether a run's training time reached the cap its saved config holds (None: unknown)."""
+    config = Path(r.get("run", "")) / "config.json"
+    if "train_seconds" not in r or not config.is_file():
+        return None
+    cap = float(json.loads(config.read_text())["train"].get("time_budget_s", 0))
+    return cap > 0 and r["train_seconds"] >= cap
 
 
 def report(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -109,7 +116,7 @@ def report(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for key, r in runs.items():
         dataset, model = key.split("/")
         b = best.get((dataset, model))
-        row: dict[str, Any] = {"dataset": dataset, "model": model, "default": r}
+        row: dict[str, Any] = {"dataset": dataset, "model": model, "default": r, "stopped_by_cap": stopped_by_cap(r)}
         if b is not None and "test" in r:
             row["best"] = b
             row["ratio"] = r["test"]["ndcg@10"] / b["test"]["ndcg@10"]

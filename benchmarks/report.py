@@ -542,16 +542,17 @@ def defaults(d: dict[str, Any]) -> list[str]:
              "The command a new user types (progress bar off, one thread, the time cap in the file), against the "
              "best-validated run of the same model on the same data anywhere in the results files. Goal: "
              f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`.", "",
-             *header(["dataset", "model", "default test N@10", "epochs", "auto decisions", "best row test N@10",
-                      "best row", "ratio", "goal met"])]
+             *header(["dataset", "model", "default test N@10", "epochs", "stopped by the cap", "auto decisions",
+                      "best row test N@10", "best row", "ratio", "goal met"])]
     for r in d["rows"]:
         run, best = r["default"], r.get("best")
         if "test" not in run:
             lines.append(row([r["dataset"], r["model"], "failed: " + run.get("error", "").strip().splitlines()[-1],
-                              DASH, DASH, DASH, DASH, DASH, "no"]))
+                              DASH, DASH, DASH, DASH, DASH, DASH, "no"]))
             continue
         auto = "; ".join(f"{a['key']}={a['value']}" for a in run.get("auto", [])) or DASH
-        lines.append(row([r["dataset"], r["model"], f4(run["test"]["ndcg@10"]), run["epochs_run"], auto,
+        cap = DASH if r.get("stopped_by_cap") is None else yes(r["stopped_by_cap"], "no")
+        lines.append(row([r["dataset"], r["model"], f4(run["test"]["ndcg@10"]), run["epochs_run"], cap, auto,
                           f4(best["test"]["ndcg@10"]) if best else DASH, f"`{best['from']}`" if best else DASH,
                           num(r.get("ratio"), 2), yes(r.get("meets_goal"), "no") if best else DASH]))
     return lines

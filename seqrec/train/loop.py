@@ -92,6 +92,7 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
     # nothing in a step waits for the device: the loss is summed where it is computed and read once at
     # the end, targets are counted on the host (on CUDA a per-step `.item()` would stall the queue)
     total, n, seen, t0 = torch.zeros((), device=device), 0, 0, time.perf_counter()
+    shown = t0  # the progress bar's numbers are refreshed once a second: reading the loss waits for the device
     bar = tqdm(batches, desc=f"epoch {epoch}", disable=not cfg.train.progress, leave=False)
     for batch in bar:
         if batch.targets is not None:
@@ -107,8 +108,9 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
         if ema is not None:
             ema.update(model)
         total, n = total + loss.detach().float(), n + 1
-        if cfg.train.progress:
-            bar.set_postfix(loss=f"{total.item() / n:.4f}", targets_per_s=f"{seen / (time.perf_counter() - t0):.0f}")
+        if cfg.train.progress and time.perf_counter() - shown > 1.0:
+            shown = time.perf_counter()
+            bar.set_postfix(loss=f"{total.item() / n:.4f}", targets_per_s=f"{seen / (shown - t0):.0f}")
     mean_loss = total.item() / max(1, n)
     seconds = time.perf_counter() - t0
     return EpochStats(mean_loss, seconds, batches.n_targets / max(seconds, 1e-9))
