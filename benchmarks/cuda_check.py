@@ -25,7 +25,6 @@ import argparse
 import functools
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -217,7 +216,10 @@ def serve(runs: Path, device: str) -> dict[str, Any]:
 
 
 def _dataset_dir(name: str) -> Path:
-    return Path(os.environ.get("SEQREC_HOME", ROOT / "benchmarks" / "work")) / "prepared" / name
+    """Where the `seqrec train` runs of this script find `name`: $SEQREC_HOME's prepared datasets."""
+    from seqrec.data.fetch import seqrec_home
+
+    return seqrec_home() / "prepared" / name
 
 
 def step_profile(device: str, tiny: bool) -> dict[str, Any]:
