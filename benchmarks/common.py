@@ -24,6 +24,12 @@ WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+# The training settings the stored results were measured with before each model had training
+# defaults of its own (seqrec.config.with_model_train_defaults: SASRec's AdamW, weight average and
+# refit): scripts that rerun those recipes from the library defaults put these first
+PLAIN_TRAIN = ['train.optimizer="adam"', "train.ema=0.0", "train.refit=false"]
+
+
 def prepared(name: str) -> PreparedDataset:
     """The prepared dataset `name` from ../shared/data, prepared once into benchmarks/work."""
     dest = WORK / "prepared" / name

@@ -98,6 +98,10 @@ def run_default(dataset: str, model: str, budget: float, threads: int) -> dict[s
     run = Path(res.get("run", ""))
     if (run / "results.json").is_file():
         res["auto"] = json.loads((run / "results.json").read_text()).get("auto", [])
+    res["stopped_by_cap"] = stopped_by_cap(res)  # kept with the run: run folders are not
+    if (run / "config.json").is_file():  # the training defaults the run had (seqrec.config.with_model_train_defaults)
+        train = json.loads((run / "config.json").read_text())["train"]
+        res["train_defaults"] = {k: train[k] for k in ("optimizer", "weight_decay", "ema", "refit")}
     return res
 
 
@@ -116,7 +120,8 @@ def report(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for key, r in runs.items():
         dataset, model = key.split("/")
         b = best.get((dataset, model))
-        row: dict[str, Any] = {"dataset": dataset, "model": model, "default": r, "stopped_by_cap": stopped_by_cap(r)}
+        row: dict[str, Any] = {"dataset": dataset, "model": model, "default": r,
+                               "stopped_by_cap": r.get("stopped_by_cap", stopped_by_cap(r))}
         if b is not None and "test" in r:
             row["best"] = b
             row["ratio"] = r["test"]["ndcg@10"] / b["test"]["ndcg@10"]

@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, WORK, machine, prepared, write_result
+from common import PLAIN_TRAIN, RESULTS, WORK, machine, prepared, write_result
 
 from seqrec.config import resolve
 from seqrec.train.loop import fit
 
-BASE = ['model.name="sasrec"', "data.max_len=50", "model.d=64", "model.n_layers=1", "model.n_heads=1",
+BASE = [*PLAIN_TRAIN, 'model.name="sasrec"', "data.max_len=50", "model.d=64", "model.n_layers=1", "model.n_heads=1",
         "model.d_ff=64", "model.dropout=0.2", "model.attn_dropout=0.2", "train.lr=0.001", "train.batch_size=128",
         "train.epochs=200", "train.patience=10", "train.bf16=true", "eval.ks=[10, 50]"]
 LOSSES = {

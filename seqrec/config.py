@@ -228,6 +228,18 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise SeqrecError(f"{path}: cannot read the config file ({exc.strerror})") from None
 
 
+def with_model_train_defaults(model_cls: type, given: dict[str, Any]) -> dict[str, Any]:
+    """`given` (a `[train]` table) over the model's own training defaults: the `TRAIN_DEFAULTS` of its
+    config class, groups of settings that go together (an optimiser and its weight decay), each applied
+    only when the table sets none of its keys, so that `optimizer = "adam"` never inherits the
+    decay chosen for AdamW."""
+    merged: dict[str, Any] = {}
+    for group in getattr(model_cls, "TRAIN_DEFAULTS", ()):
+        if not set(group) & set(given):
+            merged.update(group)
+    return {**merged, **given}
+
+
 def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
     """Merge dotted overrides into a raw TOML dict and build the typed RunConfig."""
     from seqrec.registry import model_config_class
@@ -248,10 +260,11 @@ def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
     model_raw = dict(raw.get("model", {}))
     name = model_raw.get("name", "sasrec")
     model_raw["name"] = name
+    model_cls = model_config_class(name)
     return RunConfig(
         data=build(DataConfig, raw.get("data", {}), "data"),
-        model=build(model_config_class(name), model_raw, "model"),
-        train=build(TrainConfig, raw.get("train", {}), "train"),
+        model=build(model_cls, model_raw, "model"),
+        train=build(TrainConfig, with_model_train_defaults(model_cls, raw.get("train", {})), "train"),
         eval=build(EvalConfig, raw.get("eval", {}), "eval"),
         features=build(FeaturesConfig, raw.get("features", {}), "features"),
     )

@@ -78,3 +78,18 @@ def test_numeric_settings_out_of_range_are_one_line_errors(override: str, messag
     with pytest.raises(SeqrecError) as err:
         resolve({"model": {"name": "sasrec"}}, [override])
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_model_training_defaults_apply_by_group() -> None:
+    """A model's TRAIN_DEFAULTS sit beneath the given [train] table, a group only when none of its keys is given."""
+    sasrec = resolve({}, ['model.name="sasrec"']).train
+    assert (sasrec.optimizer, sasrec.weight_decay, sasrec.ema, sasrec.refit) == ("adamw", 0.1, 0.997, True)
+    plain = resolve({}, ['model.name="sasrec"', 'train.optimizer="adam"', "train.refit=false"]).train
+    assert (plain.optimizer, plain.weight_decay, plain.ema, plain.refit) == ("adam", 0.0, 0.997, False)
+    decay = resolve({"train": {"weight_decay": 0.01}}, ['model.name="sasrec"']).train
+    assert (decay.optimizer, decay.weight_decay) == ("adam", 0.01)  # the group is the pair: no AdamW added
+    for name in ("gru4rec", "bert4rec", "unisrec"):
+        train = resolve({}, [f'model.name="{name}"']).train
+        assert (train.optimizer, train.weight_decay, train.ema, train.refit) == ("adam", 0.0, 0.0, True), name
+    item2vec = resolve({}, ['model.name="item2vec"']).train
+    assert (item2vec.optimizer, item2vec.ema, item2vec.refit) == ("adam", 0.0, False)

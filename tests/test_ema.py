@@ -37,7 +37,7 @@ def test_average_by_hand(tiny_dataset: PreparedDataset) -> None:
 def test_checkpoint_and_refit_hold_the_averaged_weights(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
     sets = [f'data.dataset="{tiny_dataset.path}"', 'model.name="sasrec"', "model.d=8", "model.dropout=0.3",
             "train.epochs=1", "train.batch_size=4", "train.threads=1", "train.progress=false",
-            "train.ema=0.8"]
+            "train.ema=0.8", "train.refit=false"]
     cfg = resolve({}, sets)
     loop.fit(cfg, tiny_dataset, tmp_path / "run")
     saved, _ = load_checkpoint(tmp_path / "run" / "checkpoint")

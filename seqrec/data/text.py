@@ -148,6 +148,12 @@ class TextEncoder:
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+        """(n, D) float32 vectors. Each distinct text is encoded once, so equal texts get equal vectors
+        bit for bit (which batch and padding a text lands in moves the last float bits)."""
+        distinct, inverse = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
+        return self._encode_distinct([str(t) for t in distinct], batch_size, progress)[inverse.reshape(-1)]
+
+    def _encode_distinct(self, texts: list[str], batch_size: int, progress: bool) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths share a batch
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         bar = tqdm(range(0, len(texts), batch_size), desc="encoding text", disable=not progress, leave=False)

@@ -32,6 +32,12 @@ from seqrec.nn.features import FeatureBlock
 from seqrec.nn.history import HistoryBias, add_offsets
 from seqrec.nn.objective import Objective
 
+# Training defaults of a model (seqrec.config.with_model_train_defaults reads a config class's
+# TRAIN_DEFAULTS, groups of `[train]` settings). Every sequence model refits by default: once
+# validation has chosen the epoch count, it trains again on training + validation events, so the
+# tested and served model has seen each user's latest events (benchmarks/defaults.py measures it).
+REFIT_DEFAULT: dict[str, Any] = {"refit": True}
+
 
 class EpochBatches(Protocol):
     """What `fit` iterates over once per epoch (`TrainBatches` by default)."""

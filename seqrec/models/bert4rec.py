@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
 from seqrec.errors import SeqrecError
-from seqrec.models.base import SequentialModel
+from seqrec.models.base import REFIT_DEFAULT, SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, output_layer, right_aligned_positions
 from seqrec.nn.features import FeatureBlock
@@ -70,6 +70,7 @@ def with_unknown_last(events: dict[str, torch.Tensor] | None, keep: int) -> dict
 
 @dataclass
 class BERT4RecConfig:
+    TRAIN_DEFAULTS: ClassVar[tuple[dict[str, Any], ...]] = (REFIT_DEFAULT,)
     name: str = "bert4rec"
     d: int = 64
     n_layers: int = 2

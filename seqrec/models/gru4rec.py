@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
 from seqrec.errors import SeqrecError
-from seqrec.models.base import SequentialModel
+from seqrec.models.base import REFIT_DEFAULT, SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import output_layer
 from seqrec.nn.features import FeatureBlock
@@ -99,6 +99,7 @@ class SessionParallelBatches:
 
 @dataclass
 class GRU4RecConfig:
+    TRAIN_DEFAULTS: ClassVar[tuple[dict[str, Any], ...]] = (REFIT_DEFAULT,)
     name: str = "gru4rec"
     d: int = 64  # embedding size = hidden size (constrained embeddings)
     n_layers: int = 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
-from seqrec.models.base import SequentialModel
+from seqrec.models.base import REFIT_DEFAULT, SequentialModel
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import make_positions, output_layer, position_ids
 from seqrec.nn.features import FeatureBlock
@@ -37,6 +37,10 @@ from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config,
 
 @dataclass
 class SASRecConfig:
+    # AdamW with decay and a running average of the weights validated best on the Amazon builds
+    # (benchmarks/defaults.py; results/sasrec_quality_*.json hold the runs that chose them)
+    TRAIN_DEFAULTS: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"optimizer": "adamw", "weight_decay": 0.1}, {"ema": 0.997}, REFIT_DEFAULT)
     name: str = "sasrec"
     d: int = 64
     n_layers: int = 2

@@ -16,7 +16,7 @@ Shapes: B batch, L length, D hidden, N items, D_text text width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
 from seqrec.data.text import TextOptions, text_embeddings
 from seqrec.errors import SeqrecError
-from seqrec.models.base import SequentialModel
+from seqrec.models.base import REFIT_DEFAULT, SequentialModel
 from seqrec.nn.adaptors import MoEAdaptor, Whitening
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.embeddings import position_ids
@@ -41,6 +41,7 @@ from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config,
 
 @dataclass
 class UniSRecConfig:
+    TRAIN_DEFAULTS: ClassVar[tuple[dict[str, Any], ...]] = (REFIT_DEFAULT,)
     name: str = "unisrec"
     d: int = 64
     n_layers: int = 2
@@ -55,6 +56,9 @@ class UniSRecConfig:
     adaptor_dropout: float = 0.2
     gate_noise: bool = True
     whitening_init: bool = False  # start each MoE expert as an SVD whitening of the text table
+    # subtract the catalogue's mean text vector before the adaptor: each domain its own mean in
+    # pre-training, a new catalogue its own from its item text alone (zero-shot, fine-tuning)
+    text_centre: bool = False
     positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
@@ -96,6 +100,8 @@ class UniSRec(SequentialModel):
                               f"({n_items + 1}, {config.text_dim}); set model.text_dim to the encoder width")
         self.text_emb: torch.Tensor
         self.register_buffer("text_emb", text_emb.float().clone())
+        self.text_mean: torch.Tensor | None  # the catalogue's mean text vector (model.text_centre)
+        self.register_buffer("text_mean", torch.zeros(config.text_dim) if config.text_centre else None)
         d = config.d
         self.adaptor: nn.Module = (MoEAdaptor(config.text_dim, d, config.n_experts, config.adaptor_dropout,
                                               config.gate_noise)
@@ -125,14 +131,20 @@ class UniSRec(SequentialModel):
         if text.shape[1] != config.text_dim:
             raise SeqrecError(f"the text encoder gives {text.shape[1]}-d vectors; set model.text_dim={text.shape[1]}")
         model = cls(config, data.n_items, max_len, text, features)
+        if model.text_mean is not None:
+            model.text_mean.copy_(text[1:].mean(0))
         if config.whitening_init or config.adaptor == "whitening":
-            model.adaptor.init_whitening(text[1:], torch.Generator().manual_seed(0))  # type: ignore[operator]
+            model.adaptor.init_whitening(model.centred(text[1:]), torch.Generator().manual_seed(0))  # type: ignore[operator]
         return model
+
+    def centred(self, text: torch.Tensor) -> torch.Tensor:
+        """Text vectors as the adaptor sees them: less the catalogue's mean with model.text_centre."""
+        return text if self.text_mean is None else text - self.text_mean
 
     def embed_items(self, ids: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """(...) item ids -> (..., D) adapted vectors; the adaptor runs once per distinct item."""
         uniq, inverse = torch.unique(ids, return_inverse=True)
-        v = self.adaptor((self.text_emb if text is None else text)[uniq])
+        v = self.adaptor(self.centred((self.text_emb if text is None else text)[uniq]))
         if self.item_emb is not None:
             v = v + self.item_emb(uniq)
         v = v * (uniq != 0).unsqueeze(-1)  # padding is the zero vector

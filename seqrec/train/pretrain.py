@@ -101,8 +101,10 @@ def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress
         seqs.append(data.items.astype(np.int64) + shift)
         user_offsets.append(data.offsets[1:] + events)
         splits.append(data.split)
-        texts.append(te.emb[1:])
-        augs.append(te.emb_word_drop[1:])
+        # model.text_centre: each domain less its own mean (the model's text_mean stays zero here)
+        mean = te.emb[1:].mean(0) if model.text_centre else torch.zeros(model.text_dim)
+        texts.append(te.emb[1:] - mean)
+        augs.append(te.emb_word_drop[1:] - mean)
         t = data.item_table.sort("idx")
         title = next((t[c].cast(pl.Utf8) for c in ("title", "text") if c in t.columns), None)
         tables.append(pl.DataFrame({"idx": t["idx"] + shift, "item": [f"{name}:{i}" for i in t["item"]],

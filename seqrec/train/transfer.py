@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 Setting = Literal["inductive", "transductive"]
 # tensors that belong to one catalogue, or to one domain's habits (whether its users come back to an item)
-PER_DOMAIN = ("text_emb", "item_emb.weight", "history.theta")
+PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight", "history.theta")
 
 
 def checkpoint_dir(path: Path) -> Path:
