@@ -169,10 +169,15 @@ def cmd_report(args: argparse.Namespace) -> None:
     untrained = untrained_unisrec(data, args.target)
     rows.append({"method": "untrained UniSRec", "fraction": 0.0, "seed": 0, **untrained,
                  "command": "untrained_unisrec() in this script"})
-    summary = summarise(rows)
     out = RESULTS / f"data_efficiency_{args.target}.json"
-    write_result(out, {"target": args.target, "pretrained": args.pretrained, "machine": machine(),
-                       "pretraining": {p.name: pretraining(p) for p in map(Path, args.pretrained or [])},
+    # runs of earlier sessions whose folders are gone (run folders are not kept) stay as they were measured
+    before = json.loads(out.read_text()) if out.is_file() else {}
+    found = {(r["method"], r["fraction"], r["seed"]) for r in rows}
+    rows += [r for r in before.get("runs", []) if (r["method"], r["fraction"], r["seed"]) not in found]
+    pretrained = {**before.get("pretraining", {}), **{p.name: pretraining(p) for p in map(Path, args.pretrained or [])}}
+    summary = summarise(rows)
+    write_result(out, {"target": args.target, "pretrained": sorted(pretrained), "machine": machine(),
+                       "pretraining": pretrained,
                        "protocol": "leave-one-out, full ranking, seen items not filtered, chosen on validation "
                                    "NDCG@10, no refit; training events of a seeded fraction of users",
                        "budget_s": BUDGET_S, "summary": summary, "runs": rows})

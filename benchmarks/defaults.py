@@ -6,6 +6,8 @@ cap, which the result records); its `auto` decisions are recorded with their rea
 row is the one with the highest validation NDCG@10 among every run of that model on that dataset
 in benchmarks/results/*.json (seen items never filtered; partial-data runs included, as they
 are runs of the model on the data). The goal: the default reaches 95% of that row's test NDCG@10.
+results/defaults_previous.json keeps the same runs made before each model had training defaults of
+its own (seqrec.config.with_model_train_defaults): the evidence for them, shown beside each row.
 
     python benchmarks/defaults.py [--datasets ml-100k ...] [--models sasrec ...] [--budget 900]
     python benchmarks/defaults.py --report-only     # re-read the runs, rewrite the file
@@ -27,6 +29,9 @@ from common import RESULTS, WORK, machine, train_run, write_result
 DATASETS = ("ml-100k", "amazon-scientific-unisrec", "amazon-beauty-p5")
 MODELS = ("sasrec", "gru4rec", "bert4rec", "unisrec")
 OUT = RESULTS / "defaults.json"
+# the same runs with the defaults before each model had training defaults of its own (no refit, plain
+# Adam): the evidence that chose the new ones, kept as it was measured
+PREVIOUS = RESULTS / "defaults_previous.json"
 GOAL = 0.95
 
 
@@ -95,14 +100,28 @@ def best_rows(folder: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]]:
 def run_default(dataset: str, model: str, budget: float, threads: int) -> dict[str, Any]:
     sets = ["train.progress=false", f"train.threads={threads}", f"train.time_budget_s={budget}"]
     res = train_run(WORK / "runs" / "defaults", f"{dataset}-{model}", dataset, None, sets, model=model)
+    return with_run_folder(res)
+
+
+def with_run_folder(res: dict[str, Any]) -> dict[str, Any]:
+    """What the run folder adds to a run's record (its auto decisions, whether the cap stopped it, the
+    training defaults it had), kept in the results file since run folders are not."""
     run = Path(res.get("run", ""))
     if (run / "results.json").is_file():
         res["auto"] = json.loads((run / "results.json").read_text()).get("auto", [])
-    res["stopped_by_cap"] = stopped_by_cap(res)  # kept with the run: run folders are not
-    if (run / "config.json").is_file():  # the training defaults the run had (seqrec.config.with_model_train_defaults)
+    cap = stopped_by_cap(res)
+    if cap is not None or "stopped_by_cap" not in res:
+        res["stopped_by_cap"] = cap
+    if (run / "config.json").is_file():  # seqrec.config.with_model_train_defaults
         train = json.loads((run / "config.json").read_text())["train"]
         res["train_defaults"] = {k: train[k] for k in ("optimizer", "weight_decay", "ema", "refit")}
     return res
+
+
+def _folder_holds(r: dict[str, Any]) -> bool:
+    """Whether the run folder still holds this record's run (not a later run into the same folder)."""
+    results = Path(r.get("run", "")) / "results.json"
+    return "test" in r and results.is_file() and json.loads(results.read_text())["test"] == r["test"]
 
 
 def stopped_by_cap(r: dict[str, Any]) -> bool | None:
@@ -116,12 +135,16 @@ def stopped_by_cap(r: dict[str, Any]) -> bool | None:
 
 def report(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     best = best_rows()
+    before = json.loads(PREVIOUS.read_text())["runs"] if PREVIOUS.is_file() else {}
     table = []
     for key, r in runs.items():
         dataset, model = key.split("/")
         b = best.get((dataset, model))
         row: dict[str, Any] = {"dataset": dataset, "model": model, "default": r,
                                "stopped_by_cap": r.get("stopped_by_cap", stopped_by_cap(r))}
+        if "train_defaults" in r and "test" in before.get(key, {}):
+            row["previous_default"] = {"valid_ndcg@10": before[key]["valid"]["ndcg@10"],
+                                       "test_ndcg@10": before[key]["test"]["ndcg@10"]}
         if b is not None and "test" in r:
             row["best"] = b
             row["ratio"] = r["test"]["ndcg@10"] / b["test"]["ndcg@10"]
@@ -142,9 +165,13 @@ def main() -> None:
     p.add_argument("--include", type=Path, nargs="*", default=[], help="add the runs of these results files")
     args = p.parse_args()
     out = args.out
-    runs = json.loads(out.read_text()).get("runs", {}) if out.is_file() else {}
+    before = json.loads(out.read_text()) if out.is_file() else {}
+    runs = before.get("runs", {})
+    for row in before.get("rows", []):  # files written before runs kept it themselves
+        runs.get(f"{row['dataset']}/{row['model']}", {}).setdefault("stopped_by_cap", row.get("stopped_by_cap"))
     for other in args.include:
         runs.update(json.loads(other.read_text())["runs"])
+    runs = {k: r if "train_defaults" in r or not _folder_holds(r) else with_run_folder(r) for k, r in runs.items()}
     if not args.report_only:
         for dataset in args.datasets:
             for model in args.models:

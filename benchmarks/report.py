@@ -541,21 +541,39 @@ def defaults(d: dict[str, Any]) -> list[str]:
     lines = ["## Defaults: `seqrec train --model M` with no config", "",
              "The command a new user types (progress bar off, one thread, the time cap in the file), against the "
              "best-validated run of the same model on the same data anywhere in the results files. Goal: "
-             f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`.", "",
-             *header(["dataset", "model", "default test N@10", "epochs", "stopped by the cap", "auto decisions",
-                      "best row test N@10", "best row", "ratio", "goal met"])]
+             f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`. A row with training "
+             "defaults was run with each model's own (`TRAIN_DEFAULTS`: SASRec AdamW with decay 0.1 and a weight "
+             "average, every sequence model a refit on train + valid); the previous default is the same command "
+             "before them (`results/defaults_previous.json`), validation / test.", "",
+             *header(["dataset", "model", "training defaults", "default valid / test N@10", "previous default",
+                      "epochs", "stopped by the cap", "auto decisions", "best row test N@10", "best row", "ratio",
+                      "goal met"])]
     for r in d["rows"]:
         run, best = r["default"], r.get("best")
         if "test" not in run:
-            lines.append(row([r["dataset"], r["model"], "failed: " + run.get("error", "").strip().splitlines()[-1],
-                              DASH, DASH, DASH, DASH, DASH, DASH, "no"]))
+            lines.append(row([r["dataset"], r["model"], DASH,
+                              "failed: " + run.get("error", "").strip().splitlines()[-1],
+                              *[DASH] * 7, "no"]))
             continue
         auto = "; ".join(f"{a['key']}={a['value']}" for a in run.get("auto", [])) or DASH
         cap = DASH if r.get("stopped_by_cap") is None else yes(r["stopped_by_cap"], "no")
-        lines.append(row([r["dataset"], r["model"], f4(run["test"]["ndcg@10"]), run["epochs_run"], cap, auto,
+        prev = r.get("previous_default")
+        lines.append(row([r["dataset"], r["model"], _train_defaults(run.get("train_defaults")),
+                          f"{f4(run['valid']['ndcg@10'])} / {f4(run['test']['ndcg@10'])}",
+                          f"{f4(prev['valid_ndcg@10'])} / {f4(prev['test_ndcg@10'])}" if prev else DASH,
+                          run["epochs_run"], cap, auto,
                           f4(best["test"]["ndcg@10"]) if best else DASH, f"`{best['from']}`" if best else DASH,
                           num(r.get("ratio"), 2), yes(r.get("meets_goal"), "no") if best else DASH]))
     return lines
+
+
+def _train_defaults(t: dict[str, Any] | None) -> str:
+    """What a defaults run trained with: None = before the models had training defaults of their own."""
+    if t is None:
+        return "previous (adam, no refit)"
+    parts = [t["optimizer"] + (f" decay {t['weight_decay']:g}" if t["weight_decay"] else "")]
+    parts += [f"ema {t['ema']:g}"] if t["ema"] else []
+    return ", ".join(parts + (["refit"] if t["refit"] else []))
 
 
 # ---- transfer -----------------------------------------------------------------------------------
@@ -660,16 +678,19 @@ def tune(d: dict[str, Any]) -> list[str]:
 def transfer_probe(d: dict[str, Any]) -> list[str]:
     """Validation NDCG@10 on the target of each pre-trained model and its parts, with no training."""
     target = d["target"]
-    kinds = list(next(iter(d["runs"].values()))["valid_ndcg@10"])
+    kinds = list(dict.fromkeys(k for r in d["runs"].values() for k in r["valid_ndcg@10"]))
     intro = (f"What a pre-trained UniSRec carries to {target} with no training: validation NDCG@10 of the "
-             "pre-trained model (zero-shot), of the same with each adaptor expert re-centred on the target's mean "
-             "text vector, and of its adaptor or Transformer alone beside fresh parts. An untrained UniSRec scores "
+             "pre-trained model (zero-shot), of the same never recommending items already in the history, with "
+             "each adaptor expert re-centred on the target's mean text vector (runs pre-trained with "
+             "`model.text_centre` centre every catalogue themselves), and of its adaptor or Transformer alone "
+             "beside fresh parts. Steps: the pre-training optimiser steps. An untrained UniSRec scores "
              f"{f4(d['untrained_valid_ndcg@10'])}: its near-identity Transformer ranks items by text similarity to "
              "the history. Script: `benchmarks/transfer_probe.py`; file: "
              f"`results/transfer_probe_{target}.json`.")
     return [f"## Transfer: what pre-training carries to {target}", "", intro, "",
-            *table(["pre-trained model", "domains", *kinds],
-                   [[name, ", ".join(r["domains"]), *(f4(r["valid_ndcg@10"][k]) for k in kinds)]
+            *table(["pre-trained model", "domains", "steps", "text centred", *kinds],
+                   [[name, ", ".join(r["domains"]), r.get("pretrain_steps", DASH), yes(r.get("text_centre"), "no"),
+                     *(f4(r["valid_ndcg@10"][k]) if k in r["valid_ndcg@10"] else DASH for k in kinds)]
                     for name, r in d["runs"].items()])]
 
 

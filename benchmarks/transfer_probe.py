@@ -2,8 +2,10 @@
 
 For each pre-training run, the target's validation users are ranked by
     zero-shot                          every pre-trained weight, the target's item text
+    zero-shot, seen items filtered     the same, items already in the history never recommended
     zero-shot, re-centred              the same, each adaptor expert's bias moved by (target mean text
-                                       vector - pre-training mean text vector)
+                                       vector - pre-training mean text vector); not for a run that
+                                       centres each catalogue itself (model.text_centre)
     pre-trained adaptor, fresh Transformer
     fresh adaptor, pre-trained Transformer
 and once by a fresh, untrained UniSRec (seeded): its adaptor and near-identity Transformer pass the
@@ -12,12 +14,13 @@ needs no data at all.
 
     python benchmarks/transfer_probe.py --target amazon-scientific-unisrec --pretrained RUN [RUN ...]
 
-Writes results/transfer_probe_<target>.json.
+Writes results/transfer_probe_<target>.json, keeping the entries of runs not probed this time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -39,25 +42,30 @@ def probe(pre: Path, data: PreparedDataset) -> dict[str, Any]:
     cfg = zero_shot_config(pre)
     L = cfg.data.max_len
 
-    def ndcg(model: UniSRec) -> float:
-        return float(evaluate(model.eval(), data, "valid", L, cfg.eval, torch.device("cpu"))["ndcg@10"])
+    def ndcg(model: UniSRec, filter_seen: bool = False) -> float:
+        options = dataclasses.replace(cfg.eval, filter_seen=filter_seen)
+        return float(evaluate(model.eval(), data, "valid", L, options, torch.device("cpu"))["ndcg@10"])
 
     def fresh() -> UniSRec:
         torch.manual_seed(0)
         return UniSRec.from_dataset(cfg.model, data, L)
 
     out: dict[str, Any] = {}
+    results = json.loads((pre / "results.json").read_text())
     model = finetune_model(pre, data, cfg.model, L)
     out["zero-shot"] = ndcg(model)
+    out["zero-shot, seen items filtered"] = ndcg(model, filter_seen=True)
     domains = json.loads((pre / "config.json").read_text())["pretrain"]["datasets"]
-    options = cfg.model.text_options()
-    source_mean = torch.cat([text_embeddings(PreparedDataset.load(Path(d)), options).emb[1:] for d in domains]).mean(0)
-    target_mean = text_embeddings(data, options).emb[1:].mean(0)
-    shifted = finetune_model(pre, data, cfg.model, L)
-    with torch.no_grad():
-        for expert in shifted.adaptor.experts:  # type: ignore[union-attr]
-            expert.bias += target_mean - source_mean
-    out["zero-shot, re-centred"] = ndcg(shifted)
+    if not cfg.model.text_centre:
+        options = cfg.model.text_options()
+        source_mean = torch.cat([text_embeddings(PreparedDataset.load(Path(d)), options).emb[1:]
+                                 for d in domains]).mean(0)
+        target_mean = text_embeddings(data, options).emb[1:].mean(0)
+        shifted = finetune_model(pre, data, cfg.model, L)
+        with torch.no_grad():
+            for expert in shifted.adaptor.experts:  # type: ignore[union-attr]
+                expert.bias += target_mean - source_mean
+        out["zero-shot, re-centred"] = ndcg(shifted)
     trained = model.state_dict()
     for name, keep in (("pre-trained adaptor, fresh Transformer", lambda k: k.startswith("adaptor.")),
                        ("fresh adaptor, pre-trained Transformer", lambda k: not k.startswith("adaptor."))):
@@ -66,8 +74,8 @@ def probe(pre: Path, data: PreparedDataset) -> dict[str, Any]:
         state.update({k: v for k, v in trained.items() if keep(k) and k in state})
         mixed.load_state_dict(state)
         out[name] = ndcg(mixed)
-    return {"domains": [Path(d).name for d in domains], "valid_ndcg@10": out,
-            "pretrain_seconds": json.loads((pre / "results.json").read_text())["train_seconds"]}
+    return {"domains": [Path(d).name for d in domains], "text_centre": cfg.model.text_centre, "valid_ndcg@10": out,
+            "pretrain_seconds": results["train_seconds"], "pretrain_steps": results["steps"]}
 
 
 def main() -> None:
@@ -81,11 +89,13 @@ def main() -> None:
     torch.manual_seed(0)
     untrained = UniSRec.from_dataset(cfg.model, data, cfg.data.max_len).eval()
     baseline = float(evaluate(untrained, data, "valid", cfg.data.max_len, cfg.eval, torch.device("cpu"))["ndcg@10"])
-    result = {"target": args.target, "machine": machine(),
-              "command": "python benchmarks/transfer_probe.py " + " ".join(sys.argv[1:]),
-              "untrained_valid_ndcg@10": baseline,
-              "runs": {Path(r).name: probe(Path(r), data) for r in args.pretrained}}
-    write_result(RESULTS / f"transfer_probe_{args.target}.json", result)
+    out = RESULTS / f"transfer_probe_{args.target}.json"
+    runs = json.loads(out.read_text())["runs"] if out.is_file() else {}
+    for r in args.pretrained:
+        runs[Path(r).name] = {**probe(Path(r), data), "machine": machine(),
+                              "command": "python benchmarks/transfer_probe.py " + " ".join(sys.argv[1:])}
+    result = {"target": args.target, "untrained_valid_ndcg@10": baseline, "runs": runs}
+    write_result(out, result)
     print(json.dumps(result, indent=2))
 
 

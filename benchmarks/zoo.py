@@ -47,7 +47,8 @@ DATASETS: dict[str, tuple[int, int, list[str], float]] = {
     "yelp-p5": (50, 128, SAMPLED, 180.0),
     "diginetica-sample": (50, 32, ['model.loss="ce"'], 300.0),
 }
-COMMON = [*PLAIN_TRAIN, "train.epochs=300", "train.patience=5", "train.threads=1", "train.progress=false", "eval.ks=[10, 50]"]
+COMMON = [*PLAIN_TRAIN, "train.epochs=300", "train.patience=5", "train.threads=1", "train.progress=false",
+          "eval.ks=[10, 50]"]
 SEQUENCE_MODELS = ("gru4rec", "sasrec", "bert4rec", "unisrec")
 NO_TEXT = {"amazon-beauty-p5", "amazon-sports-p5", "diginetica-sample"}  # no real item text for UniSRec
 MODELS: dict[str, list[str]] = {

@@ -306,3 +306,46 @@ def test_transductive_items_without_training_events_keep_a_zero_id_vector(
     after = model.item_emb.weight.detach()
     assert float(after[untrained].abs().sum()) == 0.0
     assert not torch.equal(after[~untrained], before[~untrained])
+
+
+def test_text_centre_uses_each_catalogues_own_mean(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                   tmp_path: Path) -> None:
+    """model.text_centre: the adaptor sees text less the catalogue's mean; the mean is the target's own
+    after transfer (never the source's), checkpoints keep it, and an item added later is centred by it."""
+    from seqrec.serve import Recommender
+    from seqrec.train.checkpoint import load_checkpoint
+
+    torch.manual_seed(0)
+    cfg = tiny_config(encoder_dir, text_centre=True, adaptor_dropout=0.0)
+    model = UniSRec.from_dataset(cfg, tiny_dataset, 8).eval()
+    assert model.text_mean is not None
+    torch.testing.assert_close(model.text_mean, model.text_emb[1:].mean(0))
+    ids = torch.arange(1, tiny_dataset.n_items + 1)
+    torch.testing.assert_close(model.embed_items(ids), model.adaptor(model.text_emb[1:] - model.text_mean))
+    assert UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8).text_mean is None  # off by default
+
+    with torch.no_grad():
+        model.text_mean.add_(1.0)  # as if another catalogue's: transfer must not carry it
+    save_checkpoint(model, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
+    loaded, _ = load_checkpoint(tmp_path / "pre")
+    torch.testing.assert_close(loaded.text_mean, model.text_mean, rtol=0, atol=0)
+    moved = finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 8)
+    assert moved.text_mean is not None
+    torch.testing.assert_close(moved.text_mean, moved.text_emb[1:].mean(0))
+
+    rec = Recommender.from_run(tmp_path / "pre")  # a new item with an existing item's text scores as it does
+    title = tiny_dataset.item_table.filter(tiny_dataset.item_table["item"] == "i5")["title"][0]
+    rec.add_items({"twin": title})
+    scores = {r.item: r.score for r in rec.recommend(["i1", "i2"], k=rec.n_items)}
+    assert scores["twin"] == pytest.approx(scores["i5"], rel=1e-5)
+
+
+def test_pretraining_centres_each_domain_by_its_own_mean(tiny_dataset: PreparedDataset, encoder_dir: Path) -> None:
+    from seqrec.train.pretrain import join_domains
+
+    for centre in (False, True):
+        domains = join_domains([tiny_dataset, tiny_dataset], tiny_config(encoder_dir, text_centre=centre))
+        n = tiny_dataset.n_items
+        first, second = domains.text[1 : n + 1], domains.text[n + 1 :]
+        torch.testing.assert_close(first, second)  # the same catalogue twice
+        assert (first.mean(0).abs().max() < 1e-5) == centre
