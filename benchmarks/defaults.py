@@ -125,12 +125,14 @@ def _folder_holds(r: dict[str, Any]) -> bool:
 
 
 def stopped_by_cap(r: dict[str, Any]) -> bool | None:
-    """Whether a run's training time reached the cap its saved config holds (None: unknown)."""
-    config = Path(r.get("run", "")) / "config.json"
-    if "train_seconds" not in r or not config.is_file():
+    """Whether a run's training epochs passed the cap its saved config holds (None: unknown). The loop
+    stops after the epoch whose elapsed time passes the cap; a refit afterwards is not counted."""
+    run = Path(r.get("run", ""))
+    if not (run / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
         return None
-    cap = float(json.loads(config.read_text())["train"].get("time_budget_s", 0))
-    return cap > 0 and r["train_seconds"] >= cap
+    cap = float(json.loads((run / "config.json").read_text())["train"].get("time_budget_s", 0))
+    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return cap > 0 and max((e.get("elapsed_s", 0.0) for e in epochs), default=0.0) > cap
 
 
 def report(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:

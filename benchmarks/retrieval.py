@@ -16,6 +16,7 @@ The machine may be shared: the load average before and after is recorded.
 
     seqrec train --dataset benchmarks/work/prepared/yelp-p5 --model sasrec --set train.time_budget_s=900 \\
         --set train.batch_size=256 --set train.lr=0.002 --set data.max_len=50 \\
+        --set 'train.optimizer="adam"' --set train.ema=0 --set train.refit=false \\
         --out benchmarks/work/runs/sasrec-yelp-p5-retrieval-900
     python benchmarks/retrieval.py            # -> results/retrieval.json, results/retrieval.png
     python benchmarks/retrieval.py --tiny --out /tmp/retrieval.json   # seconds: a small synthetic catalogue

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
+from common import PLAIN_TRAIN, RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
 
 RECBOLE_PY = ROOT / "benchmarks" / ".venv-recbole" / "bin" / "python"
 HP = {"n_layers": 2, "n_heads": 2, "d": 64, "d_ff": 256, "dropout": 0.2, "attn_dropout": 0.2, "lr": 1e-3,
@@ -92,7 +92,7 @@ def run_seqrec(run_dir: Path, batch_size: int, stride: int, extra: list[str]) ->
 
     data_dir = WORK / "prepared" / "ml-100k-recbole-files"
     prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
-    sets = [f'data.dataset="{data_dir}"', f"data.max_len={HP['max_len']}", "model.name=\"sasrec\"",
+    sets = [*PLAIN_TRAIN, f'data.dataset="{data_dir}"', f"data.max_len={HP['max_len']}", "model.name=\"sasrec\"",
             f"model.d={HP['d']}", f"model.n_layers={HP['n_layers']}", f"model.n_heads={HP['n_heads']}",
             f"model.d_ff={HP['d_ff']}", f"model.dropout={HP['dropout']}", f"model.attn_dropout={HP['attn_dropout']}",
             "model.norm_first=false", "model.output_bias=false", f"train.lr={HP['lr']}",

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import json
 import re
 import sys
 from collections.abc import Iterator
@@ -248,6 +249,11 @@ def _model_configs() -> list[str]:
         first = (inspect.getdoc(model) or "").split("\n\n")[0]
         if first:
             lines += [first, ""]
+        groups = getattr(cfg, "TRAIN_DEFAULTS", ())
+        if groups:  # seqrec.config.with_model_train_defaults
+            shown = "; ".join(", ".join(f"`{k} = {json.dumps(v)}`" for k, v in g.items()) for g in groups)
+            lines += [f"Training defaults of its own (each group applies when `[train]` sets none of its keys): "
+                      f"{shown}.", ""]
         lines += [*_fields(cfg), ""]
     return lines
 

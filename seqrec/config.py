@@ -240,8 +240,10 @@ def with_model_train_defaults(model_cls: type, given: dict[str, Any]) -> dict[st
     return {**merged, **given}
 
 
-def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
-    """Merge dotted overrides into a raw TOML dict and build the typed RunConfig."""
+def resolve(raw: dict[str, Any], overrides: Sequence[str] = (), model_defaults: bool = True) -> RunConfig:
+    """Merge dotted overrides into a raw TOML dict and build the typed RunConfig. `model_defaults=False`
+    for a run's saved config: a key it lacks (written before the key existed) takes the plain `[train]`
+    default, as the run did, not a model's training default added since."""
     from seqrec.registry import model_config_class
 
     if not isinstance(raw, dict):
@@ -264,7 +266,8 @@ def resolve(raw: dict[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
     return RunConfig(
         data=build(DataConfig, raw.get("data", {}), "data"),
         model=build(model_cls, model_raw, "model"),
-        train=build(TrainConfig, with_model_train_defaults(model_cls, raw.get("train", {})), "train"),
+        train=build(TrainConfig, with_model_train_defaults(model_cls, raw.get("train", {})) if model_defaults
+                    else raw.get("train", {}), "train"),
         eval=build(EvalConfig, raw.get("eval", {}), "eval"),
         features=build(FeaturesConfig, raw.get("features", {}), "features"),
     )

@@ -32,3 +32,24 @@ def test_best_rows_across_file_shapes(tmp_path: Path) -> None:
     assert best[("ml-100k", "sasrec")]["from"] == "speed_vs_recbole.json/runs/seqrec-recbole-arch"
     assert best[("ml-100k", "sasrec")]["test"]["ndcg@10"] == 0.07
     assert best[("ml-100k", "gru4rec")]["valid_ndcg@10"] == 0.06
+
+
+def test_run_records_take_from_their_own_folder_only(tmp_path: Path) -> None:
+    """A record is filled from its run folder (training defaults, cap) only while the folder holds that run:
+    a later run into the same folder must not lend its settings to the earlier record."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"train": {"optimizer": "adamw", "weight_decay": 0.1, "ema": 0.997,
+                                                           "refit": True, "time_budget_s": 100.0}}))
+    (run / "results.json").write_text(json.dumps({"test": {"ndcg@10": 0.2}, "auto": [{"key": "history_bias"}]}))
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "elapsed_s": 60.0}\n{"epoch": 2, "elapsed_s": 120.0}\n')
+    mine = {"run": str(run), "test": {"ndcg@10": 0.2}, "train_seconds": 240.0}  # with the refit
+    other = {"run": str(run), "test": {"ndcg@10": 0.1}, "train_seconds": 50.0, "stopped_by_cap": False}
+    assert defaults._folder_holds(mine) and not defaults._folder_holds(other)
+    filled = defaults.with_run_folder(dict(mine))
+    assert filled["train_defaults"] == {"optimizer": "adamw", "weight_decay": 0.1, "ema": 0.997, "refit": True}
+    assert filled["stopped_by_cap"] is True and filled["auto"] == [{"key": "history_bias"}]
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "elapsed_s": 60.0}\n')  # early-stopped: the refit is not the cap
+    assert defaults.stopped_by_cap(mine) is False
+    gone = defaults.with_run_folder({"run": str(tmp_path / "gone"), "test": {}, "stopped_by_cap": True})
+    assert gone["stopped_by_cap"] is True and "train_defaults" not in gone  # what the record had is kept

@@ -221,7 +221,8 @@ def test_refit_trains_on_validation_events_and_tests_the_refit(tiny_dataset: Pre
             == TrainBatches(tiny_dataset, 8, 16, seed=0).n_targets + int((tiny_dataset.split[:, 0] >= 0).sum()))
     sets = [f'data.dataset="{tiny_dataset.path}"', "data.max_len=8", 'model.name="sasrec"', "model.d=16",
             "train.epochs=2", "train.patience=5", "train.progress=false"]
-    plain = fit(resolve({}, sets), tiny_dataset, tmp_path / "plain")
+    plain = fit(resolve({}, [*sets, "train.refit=false"]), tiny_dataset, tmp_path / "plain")
+    assert not plain["protocol"]["refit"]
     refit = fit(resolve({}, [*sets, "train.refit=true"]), tiny_dataset, tmp_path / "refit")
     assert refit["protocol"]["refit"] and "trained again" in refit["protocol"]["model_selection"]
     # validation metrics come from the same validation-chosen model, the test from a different one

@@ -40,7 +40,8 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
     monkeypatch.setattr(loop, "train_epoch", failing)
 
 
-@pytest.mark.parametrize(("name", "extra"), [("sasrec", ["model.dropout=0.3"]),
+@pytest.mark.parametrize(("name", "extra"), [("sasrec", ["model.dropout=0.3", 'train.optimizer="adam"', "train.ema=0",
+                                                        "train.refit=false"]),
                                              ("gru4rec", ["model.dropout=0.3", "train.refit=true"]),
                                              ("sasrec", ["train.ema=0.9", "train.refit=true"]),
                                              ("item2vec", [])])

@@ -339,6 +339,12 @@ def test_text_centre_uses_each_catalogues_own_mean(tiny_dataset: PreparedDataset
     scores = {r.item: r.score for r in rec.recommend(["i1", "i2"], k=rec.n_items)}
     assert scores["twin"] == pytest.approx(scores["i5"], rel=1e-5)
 
+    # a pre-training run centres each domain by its own mean: no mean for an item added to it by text
+    save_checkpoint(model, tmp_path / "joint", max_len=8, item_table=tiny_dataset.item_table,
+                    extra={"pretrain": {"datasets": ["a", "b"]}})
+    with pytest.raises(SeqrecError, match="--dataset"):
+        Recommender.from_run(tmp_path / "joint").add_items({"new": title})
+
 
 def test_pretraining_centres_each_domain_by_its_own_mean(tiny_dataset: PreparedDataset, encoder_dir: Path) -> None:
     from seqrec.train.pretrain import join_domains

@@ -40,7 +40,7 @@ def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
     raw = read_json(run / "config.json")
     if not isinstance(raw, dict):
         raise SeqrecError(f"{run / 'config.json'}: not a run config (expected a JSON object)")
-    return resolve(raw, overrides)
+    return resolve(raw, overrides, model_defaults=False)
 
 
 def print_metrics(results: dict[str, Any]) -> None:

@@ -56,9 +56,8 @@ class UniSRecConfig:
     adaptor_dropout: float = 0.2
     gate_noise: bool = True
     whitening_init: bool = False  # start each MoE expert as an SVD whitening of the text table
-    # subtract the catalogue's mean text vector before the adaptor: each domain its own mean in
-    # pre-training, a new catalogue its own from its item text alone (zero-shot, fine-tuning)
-    text_centre: bool = False
+    # each domain its own mean in pre-training, a new catalogue its own from its item text alone
+    text_centre: bool = False  # subtract the catalogue's mean text vector before the adaptor
     positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen

@@ -65,6 +65,7 @@ class Recommender:
         self.catalogue = Catalogue(items["item"].cast(pl.Utf8).to_list(), titles, vectors, bias, index,
                                    **index_options)
         self._text_encoder: Any = None  # loaded on the first new item
+        self._no_new_text: str | None = None  # why this catalogue takes no item by text, if it takes none
 
     @classmethod
     def from_run(cls, path: Path | str, device: str = "cpu", index: str = "exact", engine: str = "torch",
@@ -76,6 +77,10 @@ class Recommender:
             raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
         model, meta = load_checkpoint(ckpt, device)
         rec = cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
+        if "pretrain" in meta and getattr(model.config, "text_centre", False):
+            rec._no_new_text = (f"{path} is a pre-training run whose domains' texts are each centred by their own "
+                                "mean (model.text_centre): a new item has no domain mean to take; serve the run "
+                                "on a catalogue instead (--dataset TARGET)")
         rec.use_engine(engine)
         return rec
 
@@ -133,6 +138,8 @@ class Recommender:
         recommendable (and usable in histories) as soon as this returns. Needs a text model."""
         if not self.takes_text:
             raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
+        if self._no_new_text:
+            raise SeqrecError(self._no_new_text)
         if not texts:
             raise SeqrecError("no items given")
         from seqrec.data.text import encode_texts

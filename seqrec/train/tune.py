@@ -4,8 +4,9 @@
     RUN/trials/N/      trial N's run folder (trained with refit off and never tested)
     RUN/trials.json    every trial: its settings, validation NDCG@10, state (complete / pruned / failed),
                        seconds; RUN/tune.png plots validation NDCG@10 against the study's time
-    RUN/best/          the best trial's settings trained again as an ordinary run (the base config's
-                       refit applies) and tested once: the only time the test split is read
+    RUN/best/          the best trial's settings trained again as an ordinary run (the refit of the base
+                       config, or of the model's training defaults, applies) and tested once: the only
+                       time the test split is read
 
 Trials are pruned by Optuna's median rule on validation NDCG@10 after `warmup` evaluations; the
 study stops at `budget_s` seconds (a trial still running then stops at its next epoch's end, and
@@ -83,6 +84,9 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
     from seqrec.train.loop import fit
 
     base_cfg = resolve(base)  # the base must be valid before any trial runs
+    # the optimiser the base resolves to (its model's training defaults included): a searched weight
+    # decay must not turn SASRec's AdamW into Adam with L2 (seqrec.config.with_model_train_defaults)
+    base = _with(base, {"train.optimizer": base_cfg.train.optimizer})
     name = base_cfg.model.name
     if name not in SPACES:
         raise SeqrecError(f"seqrec tune has no search space for model {name!r}; one of {', '.join(SPACES)}")
