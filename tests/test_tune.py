@@ -41,6 +41,8 @@ def test_trials_never_read_the_test_split(tiny_dataset: PreparedDataset, tmp_pat
     for n in range(3):
         results = json.loads((tmp_path / "study" / "trials" / str(n) / "results.json").read_text())
         assert "test" not in results and results["protocol"]["evaluated_on"] == "valid"
+        config = json.loads((tmp_path / "study" / "trials" / str(n) / "config.json").read_text())
+        assert config["train"]["optimizer"] == "adamw"  # the base's (SASRec's default), though the decay is searched
     assert (tmp_path / "study" / "trials.json").is_file() and (tmp_path / "study" / "tune.png").is_file()
 
 
