@@ -619,7 +619,9 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     pretraining = d.get("pretraining") or {}
     if pretraining:
         lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on one CPU thread, "
-                  "process peak RSS.", "",
+                  "process peak RSS. `games-plain` and `games-centre` ran a fixed number of steps "
+                  "(`pretrain.max_steps`, the steps `pretrained-games` made in its time budget) beside other jobs, "
+                  "so their rates are lower.", "",
                   *table(["model", "domains", "training events", "epochs", "seconds", "sequences/s", "targets/s",
                           "peak RSS MB"],
                          [[name, ", ".join(r["domain"] for r in p["data_card"]["domains"]),
