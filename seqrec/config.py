@@ -55,7 +55,8 @@ class TrainConfig:
     """`[train]`: optimiser, epochs and early stopping, refit, weight averaging, device."""
 
     epochs: int = 200
-    batch_size: int = 128
+    # "auto": 128, smaller only when a step would not fit the device's free memory (seqrec.train.auto)
+    batch_size: int | Literal["auto"] = "auto"
     lr: float = 1e-3
     optimizer: Literal["adam", "adamw"] = "adam"
     weight_decay: float = 0.0
@@ -73,7 +74,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 raise SeqrecError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise SeqrecError(f"train.lr must be > 0, got {self.lr}")

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 
 from seqrec.cli import main
 from seqrec.config import resolve
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.prepare import PrepareOptions, prepare
 from seqrec.data.types import Interactions, RawDataset
-from seqrec.train.auto import resolve_auto
+from seqrec.train import auto
+from seqrec.train.auto import resolve_auto, resolve_auto_train
 
 
 def dataset(tmp_path: Path, repeats: bool) -> PreparedDataset:
@@ -53,7 +55,8 @@ def test_train_records_the_decision(tmp_path: Path) -> None:
             "--set", "train.epochs=1", "--set", "train.progress=false"]
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["auto"][0]["key"] == "history_bias" and results["auto"][0]["value"] is True
+    decided = {d["key"]: d["value"] for d in results["auto"]}
+    assert decided["history_bias"] is True and decided["model.loss"] == "ce" and decided["train.batch_size"] == 128
     assert json.loads((out / "config.json").read_text())["model"]["history_bias"] is True
 
 
@@ -106,3 +109,82 @@ def test_a_default_run_records_its_window_decisions(tmp_path: Path) -> None:
     assert keys["data.stride"] == 1 and keys["data.jitter"] is True  # max_len 8: a stride of 8 // 5
     saved = json.loads((out / "config.json").read_text())["data"]
     assert saved["stride"] == 1 and saved["jitter"] is True
+
+
+def big_catalogue(tmp_path: Path) -> PreparedDataset:
+    """300 users of 20 events over 6,000 items: a catalogue above 4 x the sampled loss's negatives."""
+    rows = [(f"u{u}", f"i{(u * 20 + t) % 6000}", float(t)) for u in range(300) for t in range(20)]
+    frame = pl.DataFrame(rows, schema=["user", "item", "timestamp"], orient="row")
+    return prepare(RawDataset(Interactions(frame, "big"), None, "big"), PrepareOptions(), tmp_path / "big")
+
+
+CPU = torch.device("cpu")
+
+
+def test_loss_full_softmax_while_affordable_sampled_beyond(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = big_catalogue(tmp_path)
+    targets = int((data.train_end() - 1).sum())
+    # the output layer's matmul per epoch is 6 x targets x items x d FLOPs: put the rate on either side of the limit
+    flops = 6.0 * targets * data.n_items * 64
+    limit = auto.CE_EPOCH_SECONDS
+    for rate, expected in ((flops / (limit / 2), "ce"), (flops / (limit * 2), "sampled_softmax")):
+        monkeypatch.setattr(auto, "matmul_flops", lambda device, d=64, r=rate: r)
+        cfg = resolve({"model": {"name": "sasrec"}})
+        decisions = resolve_auto_train(cfg.model, cfg.train, 50, data, CPU)
+        assert cfg.model.loss == expected and decisions[0]["value"] == expected
+        assert decisions[0]["epoch_output_seconds"] == pytest.approx(flops / rate)
+        if expected == "sampled_softmax":
+            sampled = (cfg.model.negatives, cfg.model.logq, cfg.model.n_negatives)
+            assert sampled == ("popularity", True, auto.SAMPLED_NEGATIVES)
+            assert resolve_auto(cfg.model, data)[0]["value"] is False  # then no history bias: it needs "ce"
+
+
+def test_loss_stays_full_for_a_small_catalogue_or_a_history_bias(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto, "matmul_flops", lambda device, d=64: 1.0)  # however slow the machine
+    cfg = resolve({"model": {"name": "gru4rec"}})
+    resolve_auto_train(cfg.model, cfg.train, 8, dataset(tmp_path, False), CPU)  # 30 items
+    assert cfg.model.loss == "ce"
+    cfg = resolve({"model": {"name": "sasrec", "history_bias": True}})
+    decisions = resolve_auto_train(cfg.model, cfg.train, 50, big_catalogue(tmp_path), CPU)
+    assert cfg.model.loss == "ce" and "history_bias" in decisions[0]["reason"]
+    explicit = resolve({"model": {"name": "sasrec", "loss": "bce"}, "train": {"batch_size": 64}})
+    assert resolve_auto_train(explicit.model, explicit.train, 50, big_catalogue(tmp_path), CPU) == []
+
+
+def test_a_model_built_without_the_decision_uses_the_full_softmax() -> None:
+    from seqrec.models.sasrec import SASRec, SASRecConfig
+
+    assert SASRecConfig().loss == "auto" and SASRec(SASRecConfig(), 10, 5).objective.kind == "ce"
+
+
+def test_batch_size_halves_until_a_step_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = big_catalogue(tmp_path)
+    cfg = resolve({"model": {"name": "sasrec", "loss": "ce"}})
+    sizes = [auto.step_bytes(cfg.model, b, 50, data.n_items) for b in (16, 32, 64, 128)]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 4  # the estimate grows with the batch
+    for free, expected in ((10 * sizes[-1], 128), (2 * sizes[1] + 1, 32), (0, auto.MIN_BATCH_SIZE)):
+        monkeypatch.setattr(auto, "free_memory", lambda device, f=free: f)
+        cfg = resolve({"model": {"name": "sasrec", "loss": "ce"}})
+        decisions = resolve_auto_train(cfg.model, cfg.train, 50, data, CPU)
+        assert cfg.train.batch_size == expected and decisions[0]["key"] == "train.batch_size"
+        assert ("still over" in decisions[0]["reason"]) is (free == 0)
+
+
+def test_the_machine_probes_are_plausible() -> None:
+    assert 1e8 < auto.matmul_flops(CPU) < 1e14  # between 0.1 GFLOP/s and 100 TFLOP/s on a CPU
+    assert auto.free_memory(CPU) > 1 << 26
+
+
+def test_train_with_a_sampled_auto_loss_records_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto, "matmul_flops", lambda device, d=64: 1e3)
+    data = big_catalogue(tmp_path)
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", str(data.path), "--out", str(out), "--set", "model.d=8", "--set", "model.n_layers=1",
+            "--set", "data.max_len=8", "--set", "train.epochs=1", "--set", "train.progress=false"]
+    assert main(argv) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model"]["loss"] == "sampled_softmax" and saved["model"]["logq"] is True
+    assert saved["model"]["history_bias"] is False and saved["train"]["batch_size"] == 128
+    keys = [d["key"] for d in json.loads((out / "results.json").read_text())["auto"]]
+    assert keys[:2] == ["model.loss", "train.batch_size"]

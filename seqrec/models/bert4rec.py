@@ -82,7 +82,7 @@ class BERT4RecConfig:
     positions: Literal["learned", "sinusoidal"] = "learned"
     mask_prob: float = 0.2
     last_mask_share: float = 0.1  # share of training sequences where only the last item is masked
-    loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
+    loss: Literal["auto", "ce", "sampled_softmax", "bce", "gbce"] = "auto"  # auto: seqrec.train.auto
     n_negatives: int = 1
     negatives: Literal["uniform", "popularity"] = "uniform"
     logq: bool = False

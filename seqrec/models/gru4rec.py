@@ -105,7 +105,7 @@ class GRU4RecConfig:
     n_layers: int = 1
     dropout: float = 0.1  # on embeddings and on the GRU output
     session_parallel: bool = False
-    loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
+    loss: Literal["auto", "ce", "sampled_softmax", "bce", "gbce"] = "auto"  # auto: seqrec.train.auto
     n_negatives: int = 1
     negatives: Literal["uniform", "popularity"] = "uniform"
     logq: bool = False

@@ -55,7 +55,7 @@ class SASRecConfig:
     positions_from: Literal["end", "start"] = "end"
     output_bias: bool = True  # l = hUᵀ + b
     tied: bool = True  # U = the input item table E; False: a separate output table
-    loss: Literal["ce", "sampled_softmax", "bce", "gbce"] = "ce"
+    loss: Literal["auto", "ce", "sampled_softmax", "bce", "gbce"] = "auto"  # auto: seqrec.train.auto
     n_negatives: int = 1  # per positive (bce, gbce) or per batch (sampled_softmax)
     negatives: Literal["uniform", "popularity"] = "uniform"
     logq: bool = False  # logQ correction of sampled_softmax

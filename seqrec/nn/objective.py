@@ -2,7 +2,9 @@
 
 Model configs carry the same five keys and hand them to `Objective`:
 
-    loss         "ce" full softmax | "sampled_softmax" | "bce" | "gbce"
+    loss         "ce" full softmax | "sampled_softmax" | "bce" | "gbce" | "auto" (decided from the
+                 catalogue size and the machine by `seqrec.train.auto`; the full softmax when a
+                 model is built without that decision)
     n_negatives  k negatives per positive (bce, gbce) or per batch (sampled_softmax)
     negatives    "uniform" | "popularity" (training-split counts, see `fit_data`)
     logq         subtract log Q(i) from every candidate logit (sampled_softmax)
@@ -25,7 +27,7 @@ from torch import nn
 from seqrec.errors import SeqrecError
 from seqrec.nn.losses import bce_negatives, full_ce, gbce, sampled_softmax, uniform_negatives
 
-LOSSES = ("ce", "sampled_softmax", "bce", "gbce")
+LOSSES = ("auto", "ce", "sampled_softmax", "bce", "gbce")
 
 
 def check_loss_config(cfg: Any) -> None:
@@ -36,9 +38,9 @@ def check_loss_config(cfg: Any) -> None:
         raise SeqrecError(f"model.n_negatives must be >= 1, got {cfg.n_negatives}")
     if not 0.0 <= cfg.gbce_t <= 1.0:
         raise SeqrecError(f"model.gbce_t must be in [0, 1], got {cfg.gbce_t}")
-    if getattr(cfg, "history_bias", False) is True and cfg.loss != "ce":
+    if getattr(cfg, "history_bias", False) is True and cfg.loss not in ("ce", "auto"):
         raise SeqrecError("model.history_bias needs model.loss='ce' (its offsets enter the full softmax)")
-    if cfg.negatives == "popularity" and cfg.loss not in ("sampled_softmax", "bce", "gbce"):
+    if cfg.negatives == "popularity" and cfg.loss not in ("auto", "sampled_softmax", "bce", "gbce"):
         raise SeqrecError("model.negatives='popularity' needs a sampled loss (sampled_softmax, bce, gbce)")
 
 
@@ -51,7 +53,7 @@ class Objective(nn.Module):
 
     def __init__(self, cfg: Any, n_items: int) -> None:
         super().__init__()
-        self.kind: str = cfg.loss
+        self.kind: str = "ce" if cfg.loss == "auto" else cfg.loss
         self.k: int = cfg.n_negatives
         self.popularity = cfg.negatives == "popularity"
         self.logq: bool = cfg.logq

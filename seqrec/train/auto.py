@@ -11,7 +11,20 @@
                                   of their user's training history (MovieLens), else consecutive ones
     data.jitter = "auto"          window boundaries redrawn each epoch when windows overlap
 
-`resolve_auto` (model settings) and `resolve_auto_data` (data settings) replace each "auto" by its
+    model.loss = "auto"           the full softmax ("ce") unless its output layer would cost more than
+                                  CE_EPOCH_SECONDS of matmul per epoch on this machine (6 x training
+                                  targets x items x d FLOPs at the matmul rate measured on the training
+                                  device): then a sampled softmax with SAMPLED_NEGATIVES popularity
+                                  negatives per batch and the logQ correction. Memory does not decide
+                                  it: the full softmax is computed in bounded chunks
+                                  (seqrec.nn.losses.full_ce). A history bias asked for keeps "ce".
+    train.batch_size = "auto"     BATCH_SIZE (the batch every benchmark validated with), halved while
+                                  a step's estimated memory (activations, the loss's logits, the item
+                                  table with its gradient and Adam moments) exceeds half the memory free
+                                  on the training device (down to MIN_BATCH_SIZE)
+
+`resolve_auto` (model settings), `resolve_auto_data` (data settings) and `resolve_auto_train` (the
+loss and the batch size, which depend on the machine as well) replace each "auto" by its
 decision before the model is built, log it with its reason and return the decisions, which the run
 records in results.json under `auto`; the saved config holds the decided value, so the run is
 reproducible without the data.
@@ -20,16 +33,24 @@ reproducible without the data.
 from __future__ import annotations
 
 import logging
+import os
+import statistics
+import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from seqrec.data.dataset import PreparedDataset
+from seqrec.nn.losses import CHUNK_ELEMENTS
 
 log = logging.getLogger(__name__)
 
 REPEAT_RATE_ON = 0.05  # a history bias when fewer training events than this return to a seen item
 LONG_SHARE = 0.10  # overlapping windows when more training targets than this lie beyond one window
+CE_EPOCH_SECONDS = 600.0  # the most matmul time per epoch the full softmax's output layer may take
+SAMPLED_NEGATIVES = 1024  # negatives per batch of the sampled softmax "auto" falls back to
+BATCH_SIZE, MIN_BATCH_SIZE = 128, 8
 
 
 def resolve_auto_data(data_cfg: Any, data: PreparedDataset) -> list[dict[str, Any]]:
@@ -75,7 +96,7 @@ def resolve_auto(model_cfg: Any, data: PreparedDataset, built: Any = None) -> li
 
 def _history_bias(model_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
     rate = data.repeat_rates()["repeat_rate"]
-    if getattr(model_cfg, "loss", "ce") != "ce":
+    if getattr(model_cfg, "loss", "ce") not in ("ce", "auto"):  # "auto" undecided: the full softmax
         value, reason = False, f"model.loss={model_cfg.loss!r}: the offset needs the full softmax ('ce')"
     elif getattr(model_cfg, "session_parallel", False):
         value, reason = False, "GRU4Rec's session-parallel batches mix sessions in a lane"
@@ -87,3 +108,119 @@ def _history_bias(model_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
                                 f"(>= {REPEAT_RATE_ON:.0%}): returns are common, the model scores them itself")
     model_cfg.history_bias = value
     return {"key": "history_bias", "value": value, "reason": reason, "repeat_rate": rate}
+
+
+def resolve_auto_train(model_cfg: Any, train_cfg: Any, max_len: int, data: PreparedDataset,
+                       device: torch.device, built: Any = None) -> list[dict[str, Any]]:
+    """Decide `model.loss` and `train.batch_size` when "auto" (in place) from the catalogue, the
+    training split and `device`. Before `resolve_auto` (the history bias depends on the loss)."""
+    decisions = []
+    if getattr(model_cfg, "loss", None) == "auto":
+        decisions.append(_loss(model_cfg, data, device, built))
+    if train_cfg.batch_size == "auto":
+        decisions.append(_batch_size(model_cfg, train_cfg, max_len, data, device))
+    for d in decisions:
+        log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
+    return decisions
+
+
+def apply_decisions(cfg: Any, decisions: list[dict[str, Any]]) -> None:
+    """Set what `resolve_auto_train` decided (perhaps on another rank) on the run config `cfg`."""
+    for d in decisions:
+        for key, value in {d["key"]: d["value"], **d.get("also", {})}.items():
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, value)
+
+
+def matmul_flops(device: torch.device, d: int = 64) -> float:
+    """FLOP/s of an output-layer-shaped fp32 matmul, (2048, d) x (d, 8192), on `device` (median of 5)."""
+    a = torch.randn(2048, d, device=device)
+    b = torch.randn(d, 8192, device=device)
+    times = []
+    for _ in range(6):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        times.append(time.perf_counter() - t0)
+    return 2 * a.shape[0] * d * b.shape[1] / max(statistics.median(times[1:]), 1e-9)
+
+
+def _loss(model_cfg: Any, data: PreparedDataset, device: torch.device, built: Any) -> dict[str, Any]:
+    if built is not None:  # a model given to fine-tune keeps its objective
+        kind = built.objective.kind
+        model_cfg.loss = kind
+        return {"key": "model.loss", "value": kind, "reason": "the given model was built with it"}
+    if getattr(model_cfg, "history_bias", None) is True:
+        model_cfg.loss = "ce"
+        return {"key": "model.loss", "value": "ce",
+                "reason": "model.history_bias=true: its offsets enter the full softmax"}
+    targets = int(np.maximum(data.train_end() - 1, 0).sum())
+    d = int(getattr(model_cfg, "d", 64))
+    rate = matmul_flops(device, d)
+    seconds = 6.0 * targets * data.n_items * d / rate
+    costs = (f"the full softmax's output layer: 6 x {targets:,} targets x {data.n_items:,} items x d={d} "
+             f"= {seconds:.0f} s of matmul per epoch at {rate / 1e9:.0f} GFLOP/s on {device.type}")
+    out = {"key": "model.loss", "epoch_output_seconds": seconds, "matmul_gflops": rate / 1e9}
+    if seconds <= CE_EPOCH_SECONDS or data.n_items <= 4 * SAMPLED_NEGATIVES:
+        model_cfg.loss = "ce"
+        return {**out, "value": "ce", "reason": f"{costs} (<= {CE_EPOCH_SECONDS:.0f} s): the full softmax"}
+    model_cfg.loss, model_cfg.negatives, model_cfg.logq = "sampled_softmax", "popularity", True
+    model_cfg.n_negatives = SAMPLED_NEGATIVES
+    return {**out, "value": "sampled_softmax", "also": {"model.negatives": "popularity", "model.logq": True,
+                                                        "model.n_negatives": SAMPLED_NEGATIVES},
+            "reason": f"{costs} (> {CE_EPOCH_SECONDS:.0f} s): a sampled softmax, {SAMPLED_NEGATIVES} popularity "
+                      "negatives per batch with the logQ correction"}
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free for training on `device`: CUDA's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # no sysconf: assume a small machine
+        return 4 << 30
+
+
+def step_bytes(model_cfg: Any, batch: int, max_len: int, n_items: int) -> int:
+    """A training step's memory, estimated: activations kept for the backward pass (per position and
+    layer: ~16 d + 2 d_ff + 2 heads x L floats in a Transformer, 12 d in a GRU), the loss's logits
+    (the full softmax materialises at most CHUNK_ELEMENTS at once, forward and backward) and the item
+    table with its gradient and two Adam moments."""
+    d = int(getattr(model_cfg, "d", 64))
+    layers = int(getattr(model_cfg, "n_layers", 1))
+    if hasattr(model_cfg, "d_ff"):
+        per_position = layers * (16 * d + 2 * int(model_cfg.d_ff) + 2 * int(getattr(model_cfg, "n_heads", 1)) * max_len)
+    else:
+        per_position = layers * 12 * d
+    activations = batch * max_len * (per_position + 4 * d)
+    targets = batch * max_len
+    if getattr(model_cfg, "loss", "ce") == "ce":
+        logits = 3 * min(targets * n_items, CHUNK_ELEMENTS)
+    else:
+        logits = 3 * targets * max(int(getattr(model_cfg, "n_negatives", 1)), 1)
+    table = 4 * (n_items + 1) * d
+    return 4 * (activations + logits + table)
+
+
+def _batch_size(model_cfg: Any, train_cfg: Any, max_len: int, data: PreparedDataset,
+                device: torch.device) -> dict[str, Any]:
+    budget = free_memory(device) // 2
+    batch = BATCH_SIZE
+    while batch > MIN_BATCH_SIZE and step_bytes(model_cfg, batch, max_len, data.n_items) > budget:
+        batch //= 2
+    need = step_bytes(model_cfg, batch, max_len, data.n_items)
+    train_cfg.batch_size = batch
+    gib = 1 << 30
+    if batch == BATCH_SIZE:
+        reason = (f"a step at batch {batch} needs ~{need / gib:.2f} GiB, within half the {2 * budget / gib:.1f} GiB "
+                  f"free on {device.type}")
+    else:
+        full = step_bytes(model_cfg, BATCH_SIZE, max_len, data.n_items)
+        reason = (f"a step at batch {BATCH_SIZE} would need ~{full / gib:.2f} GiB, over half the "
+                  f"{2 * budget / gib:.1f} GiB free on {device.type}: batch {batch} (~{need / gib:.2f} GiB)")
+        if need > budget:
+            reason += ", still over: expect to run out of memory (lower model.d, data.max_len or the catalogue)"
+    return {"key": "train.batch_size", "value": batch, "reason": reason, "step_gib": need / gib,
+            "free_gib": 2 * budget / gib}

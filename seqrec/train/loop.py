@@ -38,7 +38,7 @@ from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
-from seqrec.train.auto import resolve_auto, resolve_auto_data
+from seqrec.train.auto import apply_decisions, resolve_auto, resolve_auto_data, resolve_auto_train
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
 from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, init_world, loss_module
 from seqrec.train.ema import WeightAverage
@@ -135,11 +135,14 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
     data = data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed)
-    # before the model is built (a given model decided already)
-    decisions = resolve_auto(cfg.model, data, model) + resolve_auto_data(cfg.data, data)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     device = rank_device or pick_device(cfg.train.device)
+    # before the model is built (a given model decided already); the loss and batch size depend on the
+    # machine too: under torchrun every rank takes rank 0's
+    decisions = world.broadcast(resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, device, model))
+    apply_decisions(cfg, decisions)
+    decisions += resolve_auto(cfg.model, data, model) + resolve_auto_data(cfg.data, data)
     L = cfg.data.max_len
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
     given = model is not None
@@ -252,6 +255,8 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     and the module whose forward is a training step's loss, for training on `data`."""
     seed_everything(cfg.train.seed)
     L = cfg.data.max_len
+    if cfg.train.batch_size == "auto" or getattr(cfg.model, "loss", None) == "auto":  # set up outside `fit`
+        resolve_auto_train(cfg.model, cfg.train, L, data, device, model)
     model = (model or build_model_for(cfg.model, data, L, cfg.features)).to(device)
     model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
     if init_items_from is not None:
@@ -260,13 +265,15 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     if world.distributed:
         torch.manual_seed(cfg.train.seed + world.rank)  # each rank its own dropout masks and negatives
     opt = make_optimizer(model, cfg)
-    batches = model.train_batches(data, L, cfg.train.batch_size, cfg.train.seed)  # a model's own feeder, or
+    batch_size = cfg.train.batch_size
+    assert batch_size != "auto"
+    batches = model.train_batches(data, L, batch_size, cfg.train.seed)  # a model's own feeder, or
     if batches is None:  # every target, with the event features the model takes
         events = dataset_event_values(data, model.event_feature_names())
         if cfg.data.stride == "auto" or cfg.data.jitter == "auto":  # set up outside `fit`: decide here
             resolve_auto_data(cfg.data, data)
         assert cfg.data.stride != "auto" and cfg.data.jitter != "auto"
-        batches = TrainBatches(data, L, cfg.train.batch_size, cfg.train.seed, cfg.data.stride, events,
+        batches = TrainBatches(data, L, batch_size, cfg.train.seed, cfg.data.stride, events,
                                jitter=cfg.data.jitter)
     if world.distributed:
         batches = ShardedBatches(batches, world)
