@@ -100,6 +100,39 @@ def test_in_batch_info_nce_matches_hand_computation_with_same_item_masking() -> 
     assert info_nce_in_batch(q, k, tau, ids).item() == pytest.approx(sum(masked) / 3, rel=1e-5)
 
 
+def test_in_batch_info_nce_with_history_candidates_matches_brute_force() -> None:
+    """Each row competes with the other rows' items and with its own history items (each distinct item
+    once, with the sum of its offsets); a history item met in the batch is not counted twice."""
+    torch.manual_seed(0)
+    tau, n_items = 0.3, 9
+    E = F.normalize(torch.randn(n_items + 1, 4), dim=-1)
+    ids = torch.tensor([1, 2, 3, 2, 5])  # rows 1 and 3 share their positive
+    x = torch.tensor([[0, 0, 4, 2], [0, 0, 0, 7], [3, 6, 6, 1], [0, 0, 0, 0], [8, 5, 1, 4]])  # row 2 repeats 6,
+    # row 0's history holds 2 (another row's positive), row 2's and row 4's hold their own positives 3 and 5
+    v = torch.randn(x.shape) * (x != 0)
+    q = F.normalize(torch.randn(5, 4), dim=-1)
+    k = E[ids]
+    z = torch.einsum("md,mld->ml", q, E[x])
+    got = info_nce_in_batch(q, k, tau, ids, history=(x, v, z))
+    losses = []
+    for i in range(5):
+        offset = {}
+        for item, off in zip(x[i].tolist(), v[i].tolist(), strict=True):
+            if item:
+                offset[item] = offset.get(item, 0.0) + off
+        pos = float(q[i] @ k[i]) / tau + offset.get(int(ids[i]), 0.0)
+        terms = [pos]
+        terms += [float(q[i] @ k[j]) / tau for j in range(5)
+                  if j != i and ids[j] != ids[i] and int(ids[j]) not in offset]
+        terms += [float(q[i] @ E[c]) / tau + off for c, off in offset.items() if c != int(ids[i])]
+        losses.append(math.log(sum(math.exp(t) for t in terms)) - pos)
+    assert got.item() == pytest.approx(sum(losses) / 5, rel=1e-5)
+    # no history: the plain in-batch loss
+    empty = torch.zeros_like(x)
+    plain = info_nce_in_batch(q, k, tau, ids, history=(empty, torch.zeros_like(v), torch.zeros_like(z)))
+    assert plain.item() == pytest.approx(info_nce_in_batch(q, k, tau, ids).item(), rel=1e-6)
+
+
 def test_queue_info_nce_matches_hand_computation() -> None:
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     k = torch.tensor([[0.6, 0.8], [0.0, 1.0]])
@@ -268,15 +301,21 @@ def test_finetune_setting_decides_the_id_table(tiny_dataset: PreparedDataset, en
         finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 12)
 
 
-def test_history_bias_is_per_domain_and_starts_at_zero_when_fine_tuning(
+def test_a_pretrained_history_bias_is_where_fine_tuning_starts(
         tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path) -> None:
     pre = UniSRec.from_dataset(tiny_config(encoder_dir, history_bias=True), tiny_dataset, 8)
     with torch.no_grad():
-        pre.history.theta.fill_(0.5)  # type: ignore[union-attr]  # what the source domain learned
+        pre.history.theta.fill_(0.5)  # type: ignore[union-attr]  # what pre-training learned
     save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
     model = finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 8)
     assert model.history is not None and model.history.theta.requires_grad
-    assert float(model.history.theta.abs().sum()) == 0.0
+    assert torch.equal(model.history.theta.detach(), torch.full((8,), 0.5))
+    adaptor_only = finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 8,
+                                  transfer="adaptor")
+    assert adaptor_only.history is not None and float(adaptor_only.history.theta.detach().abs().sum()) == 0.0
+    without = finetune_model(tmp_path / "pre", tiny_dataset,
+                             finetune_config(tmp_path / "pre", "inductive", {"history_bias": False}), 8)
+    assert without.history is None
     plain = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)  # and from a model without one
     save_checkpoint(plain, tmp_path / "plain", max_len=8, item_table=tiny_dataset.item_table)
     cfg = finetune_config(tmp_path / "plain", "transductive", {"history_bias": True})
@@ -355,3 +394,26 @@ def test_pretraining_centres_each_domain_by_its_own_mean(tiny_dataset: PreparedD
         first, second = domains.text[1 : n + 1], domains.text[n + 1 :]
         torch.testing.assert_close(first, second)  # the same catalogue twice
         assert (first.mean(0).abs().max() < 1e-5) == centre
+
+
+def test_pretraining_with_a_history_bias_learns_that_users_do_not_come_back(
+        tiny_dataset: PreparedDataset, encoder_dir: Path) -> None:
+    """tiny_dataset's users never repeat an item: the offset for history items goes down."""
+    assert tiny_dataset.repeat_rates()["repeat_rate"] == 0.0
+    from seqrec.train.pretrain import join_domains
+
+    torch.manual_seed(0)
+    cfg = tiny_config(encoder_dir, history_bias=True)
+    domains = join_domains([tiny_dataset], cfg)
+    model = UniSRec(cfg, domains.data.n_items, 8, domains.text)
+    trainer = Pretrainer(model, PretrainConfig(batch_size=16), domains.text_word_drop)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        for batch in TrainBatches(domains.data, 8, 16, seed=0):
+            si, ss = trainer.losses(batch)
+            opt.zero_grad()
+            (si + 1e-3 * ss).backward()
+            opt.step()
+    assert model.history is not None and float(model.history.beta().detach()[:3].max()) < -0.5
+    with pytest.raises(SeqrecError, match="in-batch"):
+        Pretrainer(model, PretrainConfig(negatives="moco"), domains.text_word_drop)

@@ -116,7 +116,7 @@ class UniSRec(SequentialModel):
             for module in self.sequence_encoder():
                 module.requires_grad_(False)
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
-        self.history = HistoryBias(max_len) if config.history_bias is True else None  # per domain: never transferred
+        self.history = HistoryBias(max_len) if config.history_bias is True else None  # transfer: seqrec.train.transfer
 
     def sequence_encoder(self) -> list[nn.Module]:
         """The parts shared across domains that inductive fine-tuning keeps frozen."""

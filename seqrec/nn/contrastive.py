@@ -17,13 +17,44 @@ from torch import nn
 
 
 def info_nce_in_batch(q: torch.Tensor, k: torch.Tensor, temperature: float,
-                      ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Row i's positive is k_i; every k_j (j != i) is a negative unless ids[j] == ids[i]."""
+                      ids: torch.Tensor | None = None,
+                      history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Row i's positive is k_i; every k_j (j != i) is a negative unless ids[j] == ids[i].
+
+    `history` = (x, v, z) (seqrec.nn.history, needs `ids`): each row's own history items x (M, L; 0 =
+    none) are candidates too, each distinct item once with its logit z / τ plus the offsets v of its
+    occurrences; an in-batch key of one of them is dropped (the history candidate stands for it), and a
+    positive that is in the history gets its offsets. So the offsets learn how often users come back."""
     logits = (q @ k.T).float() / temperature  # (M, M)
+    m = len(q)
+    eye = torch.eye(m, dtype=torch.bool, device=q.device)
     if ids is not None:
-        same = (ids[:, None] == ids[None, :]) & ~torch.eye(len(ids), dtype=torch.bool, device=ids.device)
-        logits = logits.masked_fill(same, -torch.inf)
-    return F.cross_entropy(logits, torch.arange(len(q), device=q.device))
+        logits = logits.masked_fill((ids[:, None] == ids[None, :]) & ~eye, -torch.inf)
+    if history is not None:
+        assert ids is not None, "history candidates need the item ids"
+        logits = torch.cat([*_with_history_candidates(logits, ids, *history, temperature, eye)], dim=1)
+    return F.cross_entropy(logits, torch.arange(m, device=q.device))
+
+
+def _with_history_candidates(logits: torch.Tensor, ids: torch.Tensor, x: torch.Tensor, v: torch.Tensor,
+                             z: torch.Tensor, temperature: float, eye: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(in-batch logits with history items dropped and positives offset, (M, L) history candidates)."""
+    width = x.shape[1]
+    valid = x != 0
+    same = (x[:, :, None] == x[:, None, :]) & valid[:, :, None] & valid[:, None, :]  # (M, L, L)
+    total = (same.to(v.dtype) @ v[:, :, None]).squeeze(-1)  # each position's item: all its offsets
+    earlier = torch.ones(width, width, dtype=torch.bool, device=x.device).tril(-1)
+    first = valid & ~(same & earlier).any(-1)  # one candidate per distinct history item
+    is_target = x == ids[:, None]
+    candidates = (z.float() / temperature + total.float()).masked_fill(~first | is_target, -torch.inf)
+    uniq, inverse = torch.unique(torch.cat([ids, x.flatten()]), return_inverse=True)
+    column, row_items = inverse[: len(ids)], inverse[len(ids):].view_as(x)
+    member = torch.zeros(len(ids), len(uniq), dtype=torch.bool, device=x.device)
+    member.scatter_(1, row_items, valid)  # padding has a column of its own, never set
+    in_history = member[:, column] & ~eye  # (M, M): row i's history holds column j's item
+    positive = (v * is_target).sum(1).float()  # a positive the user had before: its offsets
+    return logits.masked_fill(in_history, -torch.inf) + torch.diag(positive), candidates
 
 
 def info_nce_queue(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float,

@@ -43,19 +43,23 @@ class HistoryBias(nn.Module):
         recency = torch.arange(width - 1, -1, -1, device=items.device).clamp(max=self.max_len - 1)
         return self.beta()[recency].expand_as(items) * (items != 0)
 
-    def training_rows(self, states: torch.Tensor, items: torch.Tensor, W: torch.Tensor,
-                      b: torch.Tensor | None, keep: torch.Tensor
+    def training_rows(self, states: torch.Tensor, items: torch.Tensor, W: torch.Tensor | None,
+                      b: torch.Tensor | None, keep: torch.Tensor, item_vecs: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What `seqrec.nn.losses.full_ce` needs for each training position t (a row with a target):
         the history items x (M, L) it has seen (s <= t; 0 elsewhere), their offsets v (M, L) and their
-        base logits z (M, L) under states (B, L, D), item vectors W (N+1, D) and bias b (N+1,)."""
+        base logits z (M, L) under states (B, L, D), item vectors W (N+1, D) and bias b (N+1,)
+        (`item_vecs`: the (B, L, D) vectors of `items` instead of W, as pre-training has them)."""
         width = items.shape[1]
         t = torch.arange(width, device=items.device)
         seen = (t[None, :] <= t[:, None]) & (items != 0)[:, None, :]  # (B, L_t, L_s)
         recency = (t[:, None] - t[None, :]).clamp(0, self.max_len - 1)  # (L_t, L_s)
         v = (self.beta()[recency] * seen)[keep]  # (M, L)
         x = (items[:, None, :] * seen)[keep]  # (M, L)
-        z = states @ W[items].transpose(1, 2)  # (B, L_t, L_s): base logit of each history item
+        if item_vecs is None:
+            assert W is not None
+            item_vecs = W[items]
+        z = states @ item_vecs.transpose(1, 2)  # (B, L_t, L_s): base logit of each history item
         if b is not None:
             z = z + b[items][:, None, :]
         return x, v, z[keep].float()

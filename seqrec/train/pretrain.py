@@ -140,6 +140,9 @@ class Pretrainer:
         self.model, self.cfg, self.aug = model, cfg, text_word_drop
         self.tau = model.config.temperature
         self.key_model: UniSRec | None = None
+        if model.history is not None and cfg.negatives == "moco":
+            raise SeqrecError("pretrain: model.history_bias = true learns with in-batch negatives only "
+                              "(set pretrain.negatives = \"in-batch\" or model.history_bias = false)")
         if cfg.negatives == "moco":
             self.key_model = copy.deepcopy(model).requires_grad_(False)
             self.item_queue = KeyQueue(cfg.queue_size, model.config.d)
@@ -153,6 +156,22 @@ class Pretrainer:
         keep = batch.targets != 0
         return h[keep], batch.targets[keep]
 
+    def history_rows(self, batch: Batch, h: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """With `model.history_bias = true`: each positive's history items, their offsets and their
+        logits (seqrec.nn.history), so that the one offset shared by every domain learns whether users
+        come back to an item, and a zero-shot target starts from what it learnt."""
+        history = self.model.history
+        if history is None:
+            return None
+        assert batch.targets is not None
+        keep = batch.targets != 0
+        if self.cfg.positions == "last":
+            keep = torch.zeros_like(keep)
+            keep[:, -1] = True
+        vecs = F.normalize(self.model.embed_items(batch.items), dim=-1)  # (B, L, D); padding stays 0
+        return history.training_rows(F.normalize(h, dim=-1), batch.items, None, None, keep, item_vecs=vecs)
+
     def losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
         h = model.hidden(batch.items)  # (B, L, D)
@@ -163,7 +182,7 @@ class Pretrainer:
         if self.key_model is None:
             k_item = F.normalize(model.embed_items(target), dim=-1)
             k_seq = F.normalize(model.hidden(view, text=self.aug)[:, -1], dim=-1)
-            return (info_nce_in_batch(q_item, k_item, self.tau, ids=target),
+            return (info_nce_in_batch(q_item, k_item, self.tau, ids=target, history=self.history_rows(batch, h)),
                     info_nce_in_batch(q_seq, k_seq, self.tau))
         with torch.no_grad():
             k_item = F.normalize(self.key_model.embed_items(target), dim=-1)

@@ -7,8 +7,10 @@
 
 Everything that does not name an item (adaptor, positions, Transformer) is
 copied from the pre-trained checkpoint; the text buffer is the new domain's,
-the ID table (transductive) starts from zero-mean noise, and a history bias
-(`model.history_bias`) from zero.
+the ID table (transductive) starts from zero-mean noise. A history bias
+(`model.history_bias`) starts from the pre-trained one when the checkpoint has it (pre-training
+with `model.history_bias = true` learns one for every domain: whether users come back to an item),
+from zero otherwise; with `--transfer adaptor` always from zero.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Setting = Literal["inductive", "transductive"]
-# tensors that belong to one catalogue, or to one domain's habits (whether its users come back to an item)
-PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight", "history.theta")
+# tensors that belong to one catalogue
+PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight")
+HISTORY = "history.theta"  # carried over when both models have a history bias
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -77,6 +80,8 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
         raise SeqrecError(f"pre-trained with max_len={meta['max_len']}; fine-tune with data.max_len={meta['max_len']}")
     model = UniSRec.from_dataset(config, data, max_len)
     state = {k: v for k, v in load_file(str(ckpt / "model.safetensors")).items() if k not in PER_DOMAIN}
+    if model.history is None:
+        state.pop(HISTORY, None)
     if transfer == "adaptor":
         fresh = model.state_dict()
         state = {k: (v if k.startswith("adaptor.") else fresh[k]) for k, v in state.items()}
@@ -86,7 +91,7 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
     except RuntimeError as exc:  # a tensor of another shape
         first = (str(exc).splitlines()[1:] or [str(exc)])[0].strip()  # the first mismatch
         raise SeqrecError(f"{ckpt}: weights do not fit ({first}); {fit}") from None
-    if unexpected or set(missing) - set(PER_DOMAIN):
+    if unexpected or set(missing) - {*PER_DOMAIN, HISTORY}:
         raise SeqrecError(f"{ckpt}: weights do not fit (missing {missing}, unexpected {unexpected}); {fit}")
     n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
