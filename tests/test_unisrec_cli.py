@@ -186,3 +186,23 @@ def test_fine_tuning_can_choose_its_starting_point(setup: tuple[Path, Path, Path
     results = json.loads((ft / "results.json").read_text())
     assert results["checkpoint"]["epoch"] == 0 and results["epochs_run"] == 2
     assert results["valid"] == json.loads((zs / "results.json").read_text())["valid"]
+
+
+def test_zero_shot_carries_the_history_bias_learnt_in_pretraining(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Pre-trained with model.history_bias = true: the zero-shot run has the same offsets (decided by the
+    pre-trained model, not by the target's events), and so does the start of fine-tuning."""
+    from safetensors.torch import load_file
+
+    enc, a, b = setup
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'[pretrain]\ndatasets = ["{b}"]\nepochs = 2\nmax_len = 8\nbatch_size = 16\nprogress = false\n'
+                      f'[model]\nd = 16\nn_layers = 1\nn_heads = 2\nd_ff = 32\ntext_dim = {TEXT_DIM}\n'
+                      f'text_max_length = 16\nn_experts = 2\ntext_encoder = "{enc}"\nhistory_bias = true\n')
+    pre, zs = tmp_path / "pre", tmp_path / "zs"
+    run(capsys, "pretrain", "--config", str(recipe), "--out", str(pre))
+    learnt = load_file(str(pre / "checkpoint" / "model.safetensors"))["history.theta"]
+    assert float(learnt.abs().sum()) > 0  # pre-training moved it
+    run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
+    assert json.loads((zs / "config.json").read_text())["model"]["history_bias"] is True
+    assert torch.equal(load_file(str(zs / "checkpoint" / "model.safetensors"))["history.theta"], learnt)

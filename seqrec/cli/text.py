@@ -91,7 +91,11 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     cfg = resolve(raw)
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     from seqrec.train.auto import resolve_auto
+    from seqrec.train.transfer import has_history_bias
 
+    if args.setting == "zero-shot" and getattr(cfg.model, "history_bias", None) == "auto":
+        # no target event may decide anything: the pre-trained model's own offsets, if it learnt them
+        cfg.model.history_bias = has_history_bias(Path(getattr(args, "from")))
     resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
     if args.setting == "zero-shot" and args.transfer != "all":
         raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")

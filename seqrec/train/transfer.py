@@ -99,6 +99,14 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
     return model
 
 
+def has_history_bias(pretrained: Path) -> bool:
+    """Whether the pre-trained checkpoint holds history-bias offsets (`model.history_bias = true`)."""
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint_dir(pretrained) / "model.safetensors"), "pt") as f:
+        return HISTORY in f.keys()
+
+
 def is_pretrain_run(path: Path) -> bool:
     """A `seqrec pretrain` run folder (its config.json has a `pretrain` section)."""
     config = Path(path) / "config.json"
