@@ -104,7 +104,7 @@ def has_history_bias(pretrained: Path) -> bool:
     from safetensors import safe_open
 
     with safe_open(str(checkpoint_dir(pretrained) / "model.safetensors"), "pt") as f:
-        return HISTORY in f.keys()
+        return HISTORY in f.keys()  # noqa: SIM118 (safe_open has keys(), not __contains__)
 
 
 def is_pretrain_run(path: Path) -> bool:
