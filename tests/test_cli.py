@@ -31,6 +31,9 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     assert code == 0 and "60 users, 30 items" in out
     code, out, _ = run(capsys, "data", "stats", "toy")
     assert code == 0 and "users         60" in out
+    # what `seqrec train --model sasrec` would decide, with the properties it reads
+    assert "auto          model.loss = ce: the full softmax's output layer" in out and " x 30 items x d=64" in out
+    assert "auto          train.batch_size = 128" in out and "auto          data.stride = " in out
     run_dir = home / "run"
     code, out, _ = run(capsys, "train", "--dataset", "toy", "--model", "sasrec", "--out", str(run_dir),
                        "--set", "train.epochs=20", "--set", "model.d=16", "--set", "data.max_len=8",

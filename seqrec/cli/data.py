@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,7 +88,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
 
-    stats = PreparedDataset.load(resolve_dataset(args.dataset)).stats()
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    stats = data.stats()
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
@@ -107,7 +109,27 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"length        mean {stats['length_mean']:.2f}  {lengths}")
     print(f"repeats       {stats['repeat_rate']:.1%} of training events return to an item the user had "
           f"({stats['consecutive_repeat_rate']:.1%} repeat the item just before)")
+    for d in auto_preview(data):
+        print(f"auto          {d['key']} = {d['value']}: {d['reason']}")
     return 0
+
+
+def auto_preview(data: Any) -> list[dict[str, Any]]:
+    """What the "auto" settings of `seqrec train --model sasrec` decide on `data` on this machine
+    (seqrec.train.auto), so `data stats` shows the properties they read."""
+    from seqrec.config import resolve
+    from seqrec.train.auto import resolve_auto, resolve_auto_data, resolve_auto_train
+    from seqrec.train.loop import pick_device
+
+    cfg = resolve({"model": {"name": "sasrec"}})
+    quiet = logging.getLogger("seqrec.train.auto")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # printed here, not logged
+    try:
+        return (resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, pick_device("auto"))
+                + resolve_auto(cfg.model, data) + resolve_auto_data(cfg.data, data))
+    finally:
+        quiet.setLevel(level)
 
 
 def cmd_features(args: argparse.Namespace) -> int:
