@@ -210,7 +210,9 @@ def pretraining(run: Path) -> dict[str, Any]:
     card = json.loads((run / "data_card.json").read_text())
     keep = ("steps", "epochs_run", "train_seconds", "sequences_per_s", "targets_per_s", "final_loss",
             "peak_rss_mb", "n_parameters")
-    return {"run": str(run), "data_card": card, **{k: results.get(k) for k in keep}}
+    model = json.loads((run / "config.json").read_text())["model"]
+    return {"run": str(run), "data_card": card, **{k: results.get(k) for k in keep},
+            "text_centre": bool(model.get("text_centre")), "history_bias": model.get("history_bias") is True}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

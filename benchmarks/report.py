@@ -599,13 +599,17 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
             return f4(s["test_ndcg@10_median"])
         return value_range(s["test_ndcg@10_median"], s["test_ndcg@10_min"], s["test_ndcg@10_max"])
 
+    pretraining = d.get("pretraining") or {}
+    games = ("Runs with the history bias: `-hist` rows and every row of the `games-plain` and `games-centre` "
+             "pre-trained models (their `model.history_bias` is auto, on for this target); the older rows are "
+             "without it. `games-centre` was pre-trained with `model.text_centre`, `games-plain` without (same "
+             "steps and seed). ") if "games-centre" in pretraining else ""
+    auto = ("Every row has `model.history_bias` auto, on for this target (its users hardly come back to an "
+            "item). ") if not games else ""
     intro = (f"Every method learns from the training events of a seeded fraction of {target}'s users "
              "(`data.train_fraction`); validation and test are every user's, unchanged: leave-one-out, full "
-             "ranking, seen items not filtered, the model chosen on validation NDCG@10. Runs with the history bias: "
-             "`-hist` rows and every row of the `games-plain` and `games-centre` pre-trained models (their "
-             "`model.history_bias` is auto, on for this target); the other rows are without it. "
-             "`games-centre` was pre-trained with `model.text_centre`, `games-plain` without (same steps and seed); "
-             "`-p50`: patience 50 epochs. Test NDCG@10, median over "
+             "ranking, seen items not filtered, the model chosen on validation NDCG@10. " + games + auto +
+             "`-pNN`: patience NN epochs. Test NDCG@10, median over "
              "seeds (min–max); seeds per fraction: "
              + ", ".join(f"{_share(f)} {n}" for f, n in seeds.items())
              + f". Script: `benchmarks/data_efficiency.py`; file: `results/data_efficiency_{target}.json` "
@@ -616,17 +620,22 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     for zero in zeros:
         lines += ["", f"{zero['method']}, no training on {target} at all: test NDCG@10 "
                   f"{f4(zero['test_ndcg@10_median'])}, test R@10 {f4(zero['test_recall@10_median'])}."]
-    pretraining = d.get("pretraining") or {}
     if pretraining:
+        def flag(p: dict[str, Any], key: str) -> str:
+            return DASH if key not in p else ("yes" if p[key] else "no")
+
         lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on one CPU thread, "
-                  "process peak RSS. `games-plain` and `games-centre` ran a fixed number of steps "
-                  "(`pretrain.max_steps`, the steps `pretrained-games` made in its time budget) beside other jobs, "
-                  "so their rates are lower.", "",
-                  *table(["model", "domains", "training events", "epochs", "seconds", "sequences/s", "targets/s",
-                          "peak RSS MB"],
+                  "process peak RSS; text centred: `model.text_centre`; history bias learnt: pre-trained with "
+                  "`model.history_bias = true`, whose offsets fine-tuning and zero-shot start from. Models that ran "
+                  "a fixed number of steps (`pretrain.max_steps`, the steps `pretrained-games` made in its time "
+                  "budget) beside other jobs have lower rates.", "",
+                  *table(["model", "domains", "training events", "text centred", "history bias learnt", "steps",
+                          "epochs", "seconds", "sequences/s", "targets/s", "peak RSS MB"],
                          [[name, ", ".join(r["domain"] for r in p["data_card"]["domains"]),
-                           f"{p['data_card']['training_events']:,}", str(p["epochs_run"]), f"{p['train_seconds']:.0f}",
-                           f"{p['sequences_per_s']:.0f}", f"{p['targets_per_s']:.0f}", f"{p['peak_rss_mb']:.0f}"]
+                           f"{p['data_card']['training_events']:,}", flag(p, "text_centre"), flag(p, "history_bias"),
+                           f"{p['steps']:,}" if p.get("steps") else DASH, str(p["epochs_run"]),
+                           f"{p['train_seconds']:.0f}", f"{p['sequences_per_s']:.0f}", f"{p['targets_per_s']:.0f}",
+                           f"{p['peak_rss_mb']:.0f}"]
                           for name, p in pretraining.items()])]
     png = RESULTS / f"data_efficiency_{target}.png"
     if png.is_file():

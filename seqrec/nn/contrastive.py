@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seqrec.nn.history import distinct_offsets
+
 
 def info_nce_in_batch(q: torch.Tensor, k: torch.Tensor, temperature: float,
                       ids: torch.Tensor | None = None,
@@ -40,12 +42,8 @@ def _with_history_candidates(logits: torch.Tensor, ids: torch.Tensor, x: torch.T
                              z: torch.Tensor, temperature: float, eye: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(in-batch logits with history items dropped and positives offset, (M, L) history candidates)."""
-    width = x.shape[1]
     valid = x != 0
-    same = (x[:, :, None] == x[:, None, :]) & valid[:, :, None] & valid[:, None, :]  # (M, L, L)
-    total = (same.to(v.dtype) @ v[:, :, None]).squeeze(-1)  # each position's item: all its offsets
-    earlier = torch.ones(width, width, dtype=torch.bool, device=x.device).tril(-1)
-    first = valid & ~(same & earlier).any(-1)  # one candidate per distinct history item
+    total, first = distinct_offsets(x, v)  # one candidate per distinct history item, all its offsets
     is_target = x == ids[:, None]
     candidates = (z.float() / temperature + total.float()).masked_fill(~first | is_target, -torch.inf)
     uniq, inverse = torch.unique(torch.cat([ids, x.flatten()]), return_inverse=True)

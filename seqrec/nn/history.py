@@ -65,6 +65,16 @@ class HistoryBias(nn.Module):
         return x, v, z[keep].float()
 
 
+def distinct_offsets(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For history items x (M, L; 0 = none) with offsets v (M, L): the total offset of each position's
+    item (an item may repeat: its offsets add up) and a mask that keeps one position per distinct item."""
+    valid = x != 0
+    same = (x[:, :, None] == x[:, None, :]) & valid[:, :, None]  # (M, L, L)
+    total = (same.to(v.dtype) @ v[:, :, None]).squeeze(-1)
+    earlier = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril(-1)
+    return total, valid & ~(same & earlier).any(-1)
+
+
 def add_offsets(scores: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """scores (B, N+1) += each history position's offset on its item (in place; repeats add up)."""
     return scores.scatter_add_(1, items, offsets.to(scores.dtype))

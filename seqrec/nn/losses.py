@@ -37,6 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from seqrec.nn.history import distinct_offsets
+
 CHUNK_ELEMENTS = 1 << 24  # logits materialised at once by the chunked path
 
 
@@ -103,11 +105,7 @@ def with_history(lse: torch.Tensor, pos: torch.Tensor, target: torch.Tensor, x: 
 
         lse' = lse + log(1 + sum_j p_j (exp(u_j) - 1))    over distinct items j, p = softmax, u = total offset
     """
-    valid = x != 0
-    same = (x[:, :, None] == x[:, None, :]) & valid[:, :, None]  # (M, L, L)
-    u = (same.to(v.dtype) @ v[:, :, None]).squeeze(-1)  # (M, L) total offset of each position's item
-    earlier = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril(-1)
-    first = valid & ~(same & earlier).any(-1)  # count each distinct item once
+    u, first = distinct_offsets(x, v)  # each distinct item once, with its total offset
     p = torch.exp(z.double() - lse.double()[:, None])
     delta = (p * torch.expm1(u.double().clamp(max=60.0)) * first).sum(-1)
     # 1 + delta > 0 in exact arithmetic; the floor only guards rounding when history holds all the mass
