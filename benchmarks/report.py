@@ -537,6 +537,36 @@ def ddp_scaling(d: dict[str, Any]) -> list[str]:
                     for name, r in d["rows"].items()])]
 
 
+def auto_decisions(d: dict[str, Any]) -> list[str]:
+    """What the "auto" settings decide on every dataset (SASRec's; the other models share the rules)."""
+    def cell(ds: list[dict[str, Any]], key: str) -> str:
+        x = next((x for x in ds if x["key"] == key), None)
+        if x is None:
+            return DASH
+        detail = {"model.loss": lambda: f"{x['epoch_output_seconds']:.3g} s/epoch",
+                  "history_bias": lambda: f"repeat rate {x['repeat_rate']:.1%}",
+                  "data.stride": lambda: f"{x['share_beyond_one_window']:.0%} beyond one window",
+                  "train.batch_size": lambda: f"~{x['step_gib']:.2f} GiB a step"}.get(key)
+        return f"{x['value']}" + (f" ({detail()})" if detail else "")
+
+    rows = [[r["dataset"], f"{r['items']:,}", f"{r['interactions']:,}",
+             *(cell(r["decisions"]["sasrec"], k) for k in ("model.loss", "train.batch_size", "history_bias",
+                                                          "data.stride", "data.jitter"))]
+            for r in d["rows"] if "sasrec" in r["decisions"]]
+    rate = next((x["matmul_gflops"] for r in d["rows"] for x in r["decisions"].get("sasrec", [])
+                 if x["key"] == "model.loss"), None)
+    intro = ("What `seqrec train --model sasrec` with no config decides from each dataset's training split "
+             "(`seqrec.train.auto`; GRU4Rec and BERT4Rec take the same loss and batch size rules, UniSRec and "
+             "GRU4Rec the same history-bias rule). The loss: the full softmax unless its output layer would take "
+             "more than 600 s of matmul per epoch at the rate measured when deciding"
+             + (f" ({rate:.0f} GFLOP/s, {d['threads']} thread{'s' if d['threads'] > 1 else ''})" if rate else "")
+             + "; in parentheses its estimated seconds per epoch. Generated logs: benchmarks/scale.py's shapes. "
+             f"Script: `benchmarks/auto_decisions.py`; file: `results/auto_decisions.json`; command: `{d['command']}`.")
+    return ["## Settings read from the data: the `auto` decisions", "", intro, "",
+            *table(["dataset", "items", "interactions", "model.loss", "train.batch_size", "model.history_bias",
+                    "data.stride", "data.jitter"], rows)]
+
+
 def defaults(d: dict[str, Any]) -> list[str]:
     lines = ["## Defaults: `seqrec train --model M` with no config", "",
              "The command a new user types (progress bar off, one thread, the time cap in the file), against the "
@@ -621,8 +651,11 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
         lines += ["", f"{zero['method']}, no training on {target} at all: test NDCG@10 "
                   f"{f4(zero['test_ndcg@10_median'])}, test R@10 {f4(zero['test_recall@10_median'])}."]
     if pretraining:
-        def flag(p: dict[str, Any], key: str) -> str:
-            return DASH if key not in p else ("yes" if p[key] else "no")
+        probe = (load(f"transfer_probe_{target}.json") or {}).get("runs") or {}
+
+        def flag(p: dict[str, Any], key: str, name: str) -> str:  # older records: what the probe noted
+            value = p.get(key, (probe.get(name) or {}).get(key))
+            return DASH if value is None else ("yes" if value else "no")
 
         lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on one CPU thread, "
                   "process peak RSS; text centred: `model.text_centre`; history bias learnt: pre-trained with "
@@ -632,7 +665,8 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
                   *table(["model", "domains", "training events", "text centred", "history bias learnt", "steps",
                           "epochs", "seconds", "sequences/s", "targets/s", "peak RSS MB"],
                          [[name, ", ".join(r["domain"] for r in p["data_card"]["domains"]),
-                           f"{p['data_card']['training_events']:,}", flag(p, "text_centre"), flag(p, "history_bias"),
+                           f"{p['data_card']['training_events']:,}", flag(p, "text_centre", name),
+                           flag(p, "history_bias", name),
                            f"{p['steps']:,}" if p.get("steps") else DASH, str(p["epochs_run"]),
                            f"{p['train_seconds']:.0f}", f"{p['sequences_per_s']:.0f}", f"{p['targets_per_s']:.0f}",
                            f"{p['peak_rss_mb']:.0f}"]
@@ -698,13 +732,15 @@ def transfer_probe(d: dict[str, Any]) -> list[str]:
              "pre-trained model (zero-shot), of the same never recommending items already in the history, with "
              "each adaptor expert re-centred on the target's mean text vector (runs pre-trained with "
              "`model.text_centre` centre every catalogue themselves), and of its adaptor or Transformer alone "
-             "beside fresh parts. Steps: the pre-training optimiser steps. An untrained UniSRec scores "
+             "beside fresh parts (a learnt history bias goes with the Transformer). Steps: the pre-training "
+             "optimiser steps. An untrained UniSRec scores "
              f"{f4(d['untrained_valid_ndcg@10'])}: its near-identity Transformer ranks items by text similarity to "
              "the history. Script: `benchmarks/transfer_probe.py`; file: "
              f"`results/transfer_probe_{target}.json`.")
     return [f"## Transfer: what pre-training carries to {target}", "", intro, "",
-            *table(["pre-trained model", "domains", "steps", "text centred", *kinds],
+            *table(["pre-trained model", "domains", "steps", "text centred", "history bias learnt", *kinds],
                    [[name, ", ".join(r["domains"]), r.get("pretrain_steps", DASH), yes(r.get("text_centre"), "no"),
+                     yes(r.get("history_bias"), "no"),
                      *(f4(r["valid_ndcg@10"][k]) if k in r["valid_ndcg@10"] else DASH for k in kinds)]
                     for name, r in d["runs"].items()])]
 
@@ -734,12 +770,13 @@ SECTIONS: list[tuple[str, Render]] = [
     ("cuda_check.json", cuda),
     ("ddp_scaling.json", ddp_scaling),
     ("defaults.json", defaults),
+    ("auto_decisions.json", auto_decisions),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json",
-                "ddp_scaling.json", "defaults.json")
+                "ddp_scaling.json", "defaults.json", "auto_decisions.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

@@ -188,3 +188,22 @@ def test_train_with_a_sampled_auto_loss_records_it(tmp_path: Path, monkeypatch: 
     assert saved["model"]["history_bias"] is False and saved["train"]["batch_size"] == 128
     keys = [d["key"] for d in json.loads((out / "results.json").read_text())["auto"]]
     assert keys[:2] == ["model.loss", "train.batch_size"]
+
+
+def test_the_decisions_benchmark_runs_in_a_tiny_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/auto_decisions.py on a generated log only: every model's decisions, each with a reason."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    import auto_decisions
+
+    out = tmp_path / "auto.json"
+    monkeypatch.setattr(sys, "argv", ["auto_decisions.py", "--datasets", "--sizes", "20000", "--out", str(out)])
+    auto_decisions.main()
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["interactions"] > 0 and set(row["decisions"]) == {"sasrec", "gru4rec", "bert4rec", "unisrec"}
+    keys = {m: [d["key"] for d in ds] for m, ds in row["decisions"].items()}
+    assert keys["sasrec"] == ["model.loss", "train.batch_size", "history_bias", "data.stride", "data.jitter"]
+    assert "model.loss" not in keys["unisrec"] and "history_bias" not in keys["bert4rec"]
+    assert all(d["reason"] for ds in row["decisions"].values() for d in ds)
