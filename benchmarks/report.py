@@ -692,13 +692,26 @@ def scale(d: dict[str, Any]) -> list[str]:
              f"vectors. Script: `benchmarks/scale.py`; file: `results/scale.json`; command: `{d['command']}`. "
              "What grows faster than the data: full evaluation is users × items, and both grow with n, so it is "
              "quadratic by definition (the rate stays near the matmul peak); the training rate falls as the item "
-             "table grows because Adam updates every row of the table at every step, whatever the batch touched "
-             "(a sparse or lazy optimiser for the table would remove that; not done yet).")
+             "table grows, and the step profile below says why.")
     lines = ["## Scale: cost against size", "", intro, "",
              *table(["interactions", "users", "items", "prepare s", "prepare peak GB", "train targets/s", "epoch s",
                      "full evaluation s", "evaluation GFLOP/s", "IVF build s"], rows)]
     if (RESULTS / "scale.png").is_file():
         lines += ["", "![cost against size](results/scale.png)"]
+    prof = load("step_profile.json")
+    if prof:
+        phases = list(prof["rows"][0]["median_s"])
+        lines += ["", "Where a training step's time goes (the same model and logs, one step's phases, median over "
+                  f"{prof['rows'][0]['steps']} steps after a warm-up, {prof['threads']} thread): the backward pass "
+                  "grows with the item table, not with the batch: the embedding lookup and the gathers of the targets "
+                  "and the sampled negatives each write a dense gradient the size of the whole table, which autograd "
+                  "then sums, and Adam and the clipping read every row of it. Sparse gradients for the table with a "
+                  "lazy optimiser (rows the batch touched) would remove that; not done yet. Script: "
+                  f"`benchmarks/step_profile.py`; file: `results/step_profile.json`; command: `{prof['command']}`.", "",
+                  *table(["interactions", "items", "item table MB", *(f"{p} ms" for p in phases), "step ms"],
+                         [[f"{r['interactions']:,}", f"{r['items']:,}", f"{r['item_table_mb']:.0f}",
+                           *(f"{1e3 * r['median_s'][p]:.1f}" for p in phases), f"{1e3 * r['step_s']:.1f}"]
+                          for r in prof["rows"]])]
     return lines
 
 

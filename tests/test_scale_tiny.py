@@ -18,3 +18,14 @@ def test_scale_benchmark_tiny_mode() -> None:
     assert row["interactions"] == 20_000 and row["prepare"]["total_s"] > 0 and row["prepare"]["peak_rss_mb"] > 0
     assert row["epoch"]["targets"] > 0 and row["epoch"]["epoch_targets"] > 0
     assert row["evaluation"]["users"] == 500 and row["index"]["build_s"] > 0
+
+
+def test_step_profile_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_profile.py"), "--sizes", "20000",
+                           "--steps", "2", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["steps"] == 2 and set(row["median_s"]) == {"forward", "backward", "clip", "optimizer"}
+    assert row["step_s"] == sum(row["median_s"].values()) and row["items"] > 0
