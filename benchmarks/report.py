@@ -550,8 +550,8 @@ def auto_decisions(d: dict[str, Any]) -> list[str]:
         return f"{x['value']}" + (f" ({detail()})" if detail else "")
 
     rows = [[r["dataset"], f"{r['items']:,}", f"{r['interactions']:,}",
-             *(cell(r["decisions"]["sasrec"], k) for k in ("model.loss", "train.batch_size", "history_bias",
-                                                          "data.stride", "data.jitter"))]
+             *(cell(r["decisions"]["sasrec"], k) for k in ("model.loss", "train.sparse_items", "train.batch_size",
+                                                          "history_bias", "data.stride", "data.jitter"))]
             for r in d["rows"] if "sasrec" in r["decisions"]]
     rate = next((x["matmul_gflops"] for r in d["rows"] for x in r["decisions"].get("sasrec", [])
                  if x["key"] == "model.loss"), None)
@@ -563,8 +563,8 @@ def auto_decisions(d: dict[str, Any]) -> list[str]:
              + "; in parentheses its estimated seconds per epoch. Generated logs: benchmarks/scale.py's shapes. "
              f"Script: `benchmarks/auto_decisions.py`; file: `results/auto_decisions.json`; command: `{d['command']}`.")
     return ["## Settings read from the data: the `auto` decisions", "", intro, "",
-            *table(["dataset", "items", "interactions", "model.loss", "train.batch_size", "model.history_bias",
-                    "data.stride", "data.jitter"], rows)]
+            *table(["dataset", "items", "interactions", "model.loss", "train.sparse_items", "train.batch_size",
+                    "model.history_bias", "data.stride", "data.jitter"], rows)]
 
 
 def defaults(d: dict[str, Any]) -> list[str]:
@@ -701,17 +701,35 @@ def scale(d: dict[str, Any]) -> list[str]:
     prof = load("step_profile.json")
     if prof:
         phases = list(prof["rows"][0]["median_s"])
+        dense = {r["interactions"]: r for r in prof["rows"] if not r.get("sparse_items")}
         lines += ["", "Where a training step's time goes (the same model and logs, one step's phases, median over "
-                  f"{prof['rows'][0]['steps']} steps after a warm-up, {prof['threads']} thread): the backward pass "
-                  "grows with the item table, not with the batch: the embedding lookup and the gathers of the targets "
-                  "and the sampled negatives each write a dense gradient the size of the whole table, which autograd "
-                  "then sums, and Adam and the clipping read every row of it. Sparse gradients for the table with a "
-                  "lazy optimiser (rows the batch touched) would remove that; not done yet. Script: "
-                  f"`benchmarks/step_profile.py`; file: `results/step_profile.json`; command: `{prof['command']}`.", "",
-                  *table(["interactions", "items", "item table MB", *(f"{p} ms" for p in phases), "step ms"],
+                  f"{prof['rows'][0]['steps']} steps after a warm-up, {prof['threads']} thread). With dense "
+                  "gradients the backward pass grows with the item table, not with the batch: the embedding lookup "
+                  "and the gathers of the targets and the sampled negatives each write a gradient the size of the "
+                  "whole table, which autograd sums, and Adam and the clipping read every row of it. With "
+                  "`train.sparse_items` (on by default for a sampled loss over 100,000 items or more) the table "
+                  "gets sparse gradients and only the rows a batch touched are updated (`seqrec.train.sparse`), "
+                  "in the same process on the same batches. Script: `benchmarks/step_profile.py`; file: "
+                  f"`results/step_profile.json`; command: `{prof['command']}`.", "",
+                  *table(["interactions", "items", "item table MB", "gradients", *(f"{p} ms" for p in phases),
+                          "step ms", "dense / sparse"],
                          [[f"{r['interactions']:,}", f"{r['items']:,}", f"{r['item_table_mb']:.0f}",
-                           *(f"{1e3 * r['median_s'][p]:.1f}" for p in phases), f"{1e3 * r['step_s']:.1f}"]
+                           "sparse" if r.get("sparse_items") else "dense",
+                           *(f"{1e3 * r['median_s'][p]:.1f}" for p in phases), f"{1e3 * r['step_s']:.1f}",
+                           f"{dense[r['interactions']]['step_s'] / r['step_s']:.1f} ×"
+                           if r.get("sparse_items") and r["interactions"] in dense else DASH]
                           for r in prof["rows"]])]
+    quality = load("sparse_items.json")
+    if quality:
+        lines += ["", "What the lazy updates cost in quality: SASRec with a sampled softmax on "
+                  f"{quality['dataset']}, otherwise the defaults, one thread, with dense and with sparse item-table "
+                  "gradients. No dataset here has the 100,000 items from which `auto` turns them on, so this is a "
+                  "small catalogue, where they bring no speed. Script: `benchmarks/sparse_items.py`; file: "
+                  f"`results/sparse_items.json`; command: `{quality['command']}`.", "",
+                  *table(["train.sparse_items", "epochs (best)", "train s", "valid N@10", "test R@10", "test N@10"],
+                         [[str(r["sparse_items"]).lower(), f"{r['epochs_run']} ({r.get('best_epoch', DASH)})",
+                           f"{r['train_seconds']:.0f}", f4(r["valid"]["ndcg@10"]), f4(r["test"]["recall@10"]),
+                           f4(r["test"]["ndcg@10"])] for r in quality["runs"].values() if "test" in r])]
     return lines
 
 

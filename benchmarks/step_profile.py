@@ -1,7 +1,8 @@
 """Where a training step's time goes as the catalogue grows: SASRec as benchmarks/scale.py trains it
 (d 64, 2 blocks, max_len 50, batch 256, sampled softmax with 1024 shared negatives, Adam), on the same
 generated logs, timed phase by phase (forward and loss, backward, gradient clipping, optimiser step)
-over a few steps after a warm-up; the median of each phase.
+over a few steps after a warm-up; the median of each phase. Each size runs twice in the same process:
+with dense item-table gradients and with sparse ones (`train.sparse_items`, seqrec.train.sparse).
 
     python benchmarks/step_profile.py [--sizes 1e6 1e7] [--steps 8] [--threads 1]
 
@@ -32,16 +33,20 @@ from seqrec.data.prepare import PrepareOptions, prepare
 from seqrec.data.synthetic import generated_dataset
 from seqrec.registry import build_model
 from seqrec.train.loop import make_optimizer
+from seqrec.train.sparse import clip_grad_norm, use_sparse_rows
 
 PHASES = ("forward", "backward", "clip", "optimizer")
 
 
-def profile(data: PreparedDataset, steps: int, warmup: int = 3) -> dict[str, Any]:
+def profile(data: PreparedDataset, steps: int, sparse: bool, warmup: int = 3) -> dict[str, Any]:
     cfg = resolve({"model": {"name": "sasrec", "d": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256,
                              "loss": "sampled_softmax", "n_negatives": 1024},
-                   "train": {"batch_size": 256, "optimizer": "adam"}})
+                   "train": {"batch_size": 256, "optimizer": "adam", "sparse_items": sparse}})
+    torch.manual_seed(0)
     model = build_model(cfg.model, data.n_items, 50)
     model.fit_data(data)
+    if sparse:
+        use_sparse_rows(model)
     opt = make_optimizer(model, cfg)
     times: list[list[float]] = []
     for i, batch in enumerate(TrainBatches(data, 50, 256, 0)):
@@ -53,7 +58,7 @@ def profile(data: PreparedDataset, steps: int, warmup: int = 3) -> dict[str, Any
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t.append(time.perf_counter())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
+        clip_grad_norm(model.parameters(), cfg.train.clip_grad)
         t.append(time.perf_counter())
         opt.step()
         t.append(time.perf_counter())
@@ -77,8 +82,10 @@ def main() -> None:
         for n in map(int, args.sizes):
             shape = shape_for(n)
             data = prepare(generated_dataset(shape, f"generated-{n}"), PrepareOptions(), Path(tmp) / str(n))
-            rows.append({"interactions": n, "items": data.n_items, **profile(data, args.steps)})
-            print(rows[-1], flush=True)
+            for sparse in (False, True):
+                rows.append({"interactions": n, "items": data.n_items, "sparse_items": sparse,
+                             **profile(data, args.steps, sparse)})
+                print(rows[-1], flush=True)
     write_result(args.out, {"rows": rows, "threads": args.threads, "machine": machine(),
                             "command": " ".join(["python", "benchmarks/step_profile.py", *sys.argv[1:]])})
     print(f"-> {args.out}")

@@ -71,6 +71,9 @@ class TrainConfig:
     time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
     refit: bool = False  # after choosing the epoch count on validation, retrain on train + valid events and test that
     ema: float = 0.0  # decay of an average of the weights, updated every step, that is validated and tested; 0 = off
+    # sparse gradients for the item tables, only touched rows updated (seqrec.train.sparse); "auto": with a sampled
+    # loss over a large catalogue (seqrec.train.auto)
+    sparse_items: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):

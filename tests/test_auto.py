@@ -148,7 +148,7 @@ def test_loss_stays_full_for_a_small_catalogue_or_a_history_bias(tmp_path: Path,
     cfg = resolve({"model": {"name": "sasrec", "history_bias": True}})
     decisions = resolve_auto_train(cfg.model, cfg.train, 50, big_catalogue(tmp_path), CPU)
     assert cfg.model.loss == "ce" and "history_bias" in decisions[0]["reason"]
-    explicit = resolve({"model": {"name": "sasrec", "loss": "bce"}, "train": {"batch_size": 64}})
+    explicit = resolve({"model": {"name": "sasrec", "loss": "bce"}, "train": {"batch_size": 64, "sparse_items": False}})
     assert resolve_auto_train(explicit.model, explicit.train, 50, big_catalogue(tmp_path), CPU) == []
 
 
@@ -204,6 +204,7 @@ def test_the_decisions_benchmark_runs_in_a_tiny_mode(tmp_path: Path, monkeypatch
     (row,) = json.loads(out.read_text())["rows"]
     assert row["interactions"] > 0 and set(row["decisions"]) == {"sasrec", "gru4rec", "bert4rec", "unisrec"}
     keys = {m: [d["key"] for d in ds] for m, ds in row["decisions"].items()}
-    assert keys["sasrec"] == ["model.loss", "train.batch_size", "history_bias", "data.stride", "data.jitter"]
+    assert keys["sasrec"] == ["model.loss", "train.batch_size", "train.sparse_items", "history_bias", "data.stride",
+                              "data.jitter"]
     assert "model.loss" not in keys["unisrec"] and "history_bias" not in keys["bert4rec"]
     assert all(d["reason"] for ds in row["decisions"].values() for d in ds)

@@ -26,6 +26,8 @@ def test_step_profile_tiny(tmp_path: Path) -> None:
                            "--steps", "2", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["steps"] == 2 and set(row["median_s"]) == {"forward", "backward", "clip", "optimizer"}
-    assert row["step_s"] == sum(row["median_s"].values()) and row["items"] > 0
+    dense, sparse = json.loads(out.read_text())["rows"]  # the same size with dense, then sparse table gradients
+    assert (dense["sparse_items"], sparse["sparse_items"]) == (False, True) and dense["items"] == sparse["items"] > 0
+    for row in (dense, sparse):
+        assert row["steps"] == 2 and set(row["median_s"]) == {"forward", "backward", "clip", "optimizer"}
+        assert row["step_s"] == sum(row["median_s"].values())

@@ -105,6 +105,11 @@ class SequentialModel(nn.Module, abc.ABC):
     def loss(self, batch: Batch) -> torch.Tensor:
         ...
 
+    def item_tables(self) -> list[nn.Embedding]:
+        """The tables with a row per item (input, and output when untied): what `train.sparse_items`
+        gives sparse gradients (seqrec.train.sparse)."""
+        return [m for name in ("item_emb", "out_emb") if isinstance(m := getattr(self, name, None), nn.Embedding)]
+
     def fit_data(self, data: PreparedDataset) -> None:
         """Hook run by `fit` before training; only the training split may be read.
 

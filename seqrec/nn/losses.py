@@ -42,6 +42,11 @@ from seqrec.nn.history import distinct_offsets
 CHUNK_ELEMENTS = 1 << 24  # logits materialised at once by the chunked path
 
 
+def rows(W: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """W[idx]; a sparse gradient for an item table marked by `seqrec.train.sparse.use_sparse_rows`."""
+    return F.embedding(idx, W, sparse=True) if getattr(W, "sparse_rows", False) else W[idx]
+
+
 def _logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     out = h @ W.T
     return out if b is None else out + b
@@ -147,9 +152,9 @@ def negative_logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,
                     negatives: torch.Tensor) -> torch.Tensor:
     """(M, k) logits of negatives: (k,) shared by every row (one matmul) or (M, k) per row."""
     if negatives.dim() == 1:
-        out = h @ W[negatives].T
+        out = h @ rows(W, negatives).T
         return out if b is None else out + b[negatives]
-    out = torch.einsum("md,mkd->mk", h, W[negatives])
+    out = torch.einsum("md,mkd->mk", h, rows(W, negatives))
     return out if b is None else out + b[negatives]
 
 
@@ -163,7 +168,7 @@ def sampled_softmax(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, ta
     softmax estimates the full one; with uniform negatives the shift is a constant and
     changes nothing. Negatives equal to the positive are removed (logit -inf).
     """
-    pos = (h * W[target]).sum(-1) + (0 if b is None else b[target])  # (M,)
+    pos = (h * rows(W, target)).sum(-1) + (0 if b is None else b[target])  # (M,)
     neg = negative_logits(h, W, b, negatives)  # (M, k)
     if log_q_target is not None and log_q_negatives is not None:
         pos = pos - log_q_target
@@ -200,7 +205,7 @@ def _binary_loss(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, targe
     Negatives equal to the row's positive are left out of its sum.
     """
     s0 = prior_shift(beta, negatives.shape[-1]) if shift else 0.0
-    pos = ((h * W[target]).sum(-1) + (0 if b is None else b[target])).float() + s0
+    pos = ((h * rows(W, target)).sum(-1) + (0 if b is None else b[target])).float() + s0
     neg = negative_logits(h, W, b, negatives).float() + s0
     hits = (negatives[None, :] if negatives.dim() == 1 else negatives) == target[:, None]
     neg_loss = F.softplus(neg).masked_fill(hits, 0.0).sum(-1)  # -log(1 - sigma(s)) = softplus(s)

@@ -18,6 +18,8 @@
                                   negatives per batch and the logQ correction. Memory does not decide
                                   it: the full softmax is computed in bounded chunks
                                   (seqrec.nn.losses.full_ce). A history bias asked for keeps "ce".
+    train.sparse_items = "auto"   sparse item-table gradients, only the touched rows updated
+                                  (seqrec.train.sparse), with a sampled loss over SPARSE_ITEMS items or more
     train.batch_size = "auto"     BATCH_SIZE (the batch every benchmark validated with), halved while
                                   a step's estimated memory (activations, the loss's logits, the item
                                   table with its gradient and Adam moments) exceeds half the memory free
@@ -50,6 +52,7 @@ LONG_SHARE = 0.10  # overlapping windows when more training targets than this li
 CE_EPOCH_SECONDS = 600.0  # the most matmul time per epoch the full softmax's output layer may take
 SAMPLED_NEGATIVES = 1024  # negatives per batch of the sampled softmax "auto" falls back to
 BATCH_SIZE, MIN_BATCH_SIZE = 128, 8
+SPARSE_ITEMS = 100_000  # sparse item-table gradients from this catalogue size on (with a sampled loss)
 
 
 def resolve_auto_data(data_cfg: Any, data: PreparedDataset) -> list[dict[str, Any]]:
@@ -118,9 +121,29 @@ def resolve_auto_train(model_cfg: Any, train_cfg: Any, max_len: int, data: Prepa
         decisions.append(_loss(model_cfg, data, device, built))
     if train_cfg.batch_size == "auto":
         decisions.append(_batch_size(model_cfg, train_cfg, max_len, data, device))
+    if getattr(train_cfg, "sparse_items", None) == "auto":
+        decisions.append(_sparse_items(model_cfg, train_cfg, data, built))
     for d in decisions:
         log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
     return decisions
+
+
+def _sparse_items(model_cfg: Any, train_cfg: Any, data: PreparedDataset, built: Any) -> dict[str, Any]:
+    loss = built.objective.kind if built is not None and hasattr(built, "objective") else getattr(
+        model_cfg, "loss", "ce")
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if loss in ("ce", "auto"):
+        value, reason = False, "the full softmax's gradient reaches every row of the table anyway"
+    elif distributed:
+        value, reason = False, "data-parallel ranks exchange dense gradients"
+    elif data.n_items < SPARSE_ITEMS:
+        value, reason = False, (f"{data.n_items:,} items (< {SPARSE_ITEMS:,}): the dense gradient of the table "
+                                "is a small part of a step")
+    else:
+        value, reason = True, (f"model.loss={loss!r} over {data.n_items:,} items (>= {SPARSE_ITEMS:,}): a step "
+                               "touches a few thousand rows, so only those get a gradient and an update")
+    train_cfg.sparse_items = value
+    return {"key": "train.sparse_items", "value": value, "reason": reason}
 
 
 def apply_decisions(cfg: Any, decisions: list[dict[str, Any]]) -> None:

@@ -44,6 +44,7 @@ from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, 
 from seqrec.train.ema import WeightAverage
 from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
+from seqrec.train.sparse import SparseRowsAdam, SparseRowsAdamW, clip_grad_norm, use_sparse_rows
 from seqrec.train.state import LoopState, load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,10 @@ def peak_rss_mb() -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    kind = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
+    if cfg.train.sparse_items is True:  # sparse item-table gradients (seqrec.train.sparse)
+        kind: type[torch.optim.Adam] = SparseRowsAdamW if cfg.train.optimizer == "adamw" else SparseRowsAdam
+    else:
+        kind = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel is several times faster than the per-tensor loop, on CPU as on CUDA.
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
@@ -103,7 +107,7 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
+            clip_grad_norm(model.parameters(), cfg.train.clip_grad)
         opt.step()
         if ema is not None:
             ema.update(model)
@@ -255,9 +259,14 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     and the module whose forward is a training step's loss, for training on `data`."""
     seed_everything(cfg.train.seed)
     L = cfg.data.max_len
-    if cfg.train.batch_size == "auto" or getattr(cfg.model, "loss", None) == "auto":  # set up outside `fit`
+    if "auto" in (cfg.train.batch_size, cfg.train.sparse_items, getattr(cfg.model, "loss", None)):  # outside `fit`
         resolve_auto_train(cfg.model, cfg.train, L, data, device, model)
     model = (model or build_model_for(cfg.model, data, L, cfg.features)).to(device)
+    if cfg.train.sparse_items is True:
+        if world.distributed:
+            raise SeqrecError("train.sparse_items=true is not supported under torchrun (ranks exchange dense "
+                              "gradients); set it to false")
+        use_sparse_rows(model)
     model.fit_data(data)  # training-split statistics (item counts, ...) before the first step
     if init_items_from is not None:
         init_item_embeddings(model, init_items_from, data)
