@@ -62,6 +62,7 @@ COLD_RUNS = {  # run folder -> command
     "unisrec-cold20-ft-in-batch-inductive": f"{STAGE} cold-unisrec",
     "unisrec-cold20-scratch-text": f"{STAGE} cold-unisrec-scratch",
     "unisrec-cold20-pretrained-zero-shot": f"{STAGE} cold-zero-shot",
+    "unisrec-cold20-pretrained-hist-zero-shot": f"{STAGE} cold-zero-shot-hist",
     "unisrec-cold20-pretrained-inductive": f"{STAGE} cold-pretrained",
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")

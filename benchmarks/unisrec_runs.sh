@@ -3,7 +3,7 @@
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
 #   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | two-stage-seed SEED | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | scratch-hist | two-stage-hist SEED | finetune-hist NEG SETTING
-#                                   | cold-unisrec | cold-unisrec-scratch | cold-zero-shot | cold-pretrained | memory
+#                                   | cold-unisrec | cold-unisrec-scratch | cold-zero-shot | cold-zero-shot-hist | cold-pretrained | memory
 # The pre-trained model is $PRETRAINED (default $R/pretrained-games):
 #   SEQREC_HOME=benchmarks/work seqrec pretrain --config configs/pretrain.toml --out $R/pretrained-games
 set -euo pipefail
@@ -78,6 +78,10 @@ case "$1" in
   cold-zero-shot)  # the universal pre-trained model (configs/pretrain.toml, no Scientific) with no training
     .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from ${PRETRAINED:-$R/pretrained-games} --setting zero-shot \
       --out $R/unisrec-cold20-pretrained-zero-shot ;;
+  cold-zero-shot-hist)  # Games pre-trained with the history bias learnt (data_efficiency's games-centre-hist), no training
+    .venv/bin/seqrec text encode $P/amazon-scientific-unisrec-cold20 --missing id --no-progress
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/xfer/games-centre-hist --setting zero-shot \
+      --out $R/unisrec-cold20-pretrained-hist-zero-shot ;;
   cold-pretrained)  # the same fine-tuned text only, every weight trained (the data-efficiency recipe)
     .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from ${PRETRAINED:-$R/pretrained-games} --setting inductive \
       --config $CFG --set model.freeze_encoder=false --set train.progress=false --set train.refit=false \
