@@ -630,10 +630,11 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
         return value_range(s["test_ndcg@10_median"], s["test_ndcg@10_min"], s["test_ndcg@10_max"])
 
     pretraining = d.get("pretraining") or {}
-    games = ("Runs with the history bias: `-hist` rows and every row of the `games-plain` and `games-centre` "
-             "pre-trained models (their `model.history_bias` is auto, on for this target); the older rows are "
-             "without it. `games-centre` was pre-trained with `model.text_centre`, `games-plain` without (same "
-             "steps and seed). ") if "games-centre" in pretraining else ""
+    games = ("Runs with the history bias: `-hist` rows and every row of the `games-*` pre-trained models "
+             "(`model.history_bias` auto, on for this target; `games-centre-hist` learnt it in pre-training, so "
+             "its fine-tuning and zero-shot start from the learnt offsets); the older rows are without it. "
+             "`games-centre` was pre-trained with `model.text_centre`, `games-plain` without, `games-centre-hist` "
+             "with both (same steps and seed). ") if "games-centre" in pretraining else ""
     auto = ("Every row has `model.history_bias` auto, on for this target (its users hardly come back to an "
             "item). ") if not games else ""
     intro = (f"Every method learns from the training events of a seeded fraction of {target}'s users "

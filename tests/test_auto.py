@@ -208,3 +208,26 @@ def test_the_decisions_benchmark_runs_in_a_tiny_mode(tmp_path: Path, monkeypatch
                               "data.jitter"]
     assert "model.loss" not in keys["unisrec"] and "history_bias" not in keys["bert4rec"]
     assert all(d["reason"] for ds in row["decisions"].values() for d in ds)
+
+
+def test_popularity_negatives_need_an_explicit_sampled_loss() -> None:
+    """With loss "auto" the full softmax may be chosen, which draws no negatives: refused up front."""
+    from seqrec.errors import SeqrecError
+
+    with pytest.raises(SeqrecError, match="needs a sampled loss"):
+        resolve({"model": {"name": "sasrec", "negatives": "popularity"}})
+
+
+def test_explicit_sampled_settings_are_kept_when_auto_picks_the_sampled_loss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto, "matmul_flops", lambda device, d=64: 1.0)
+    cfg = resolve({"model": {"name": "sasrec", "n_negatives": 256}})
+    resolve_auto_train(cfg.model, cfg.train, 50, big_catalogue(tmp_path), CPU)
+    assert (cfg.model.loss, cfg.model.n_negatives, cfg.model.negatives) == ("sampled_softmax", 256, "popularity")
+
+
+def test_a_saved_config_from_before_sparse_items_resumes_dense(tmp_path: Path) -> None:
+    from seqrec.cli.common import run_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model": {"name": "sasrec"}, "train": {"batch_size": 64}}))
+    assert run_config(tmp_path).train.sparse_items is False

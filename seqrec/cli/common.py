@@ -40,6 +40,8 @@ def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
     raw = read_json(run / "config.json")
     if not isinstance(raw, dict):
         raise SeqrecError(f"{run / 'config.json'}: not a run config (expected a JSON object)")
+    if isinstance(raw.get("train"), dict):  # saved before the key existed: what that run trained with
+        raw["train"].setdefault("sparse_items", False)
     return resolve(raw, overrides, model_defaults=False)
 
 

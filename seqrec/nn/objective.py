@@ -40,7 +40,7 @@ def check_loss_config(cfg: Any) -> None:
         raise SeqrecError(f"model.gbce_t must be in [0, 1], got {cfg.gbce_t}")
     if getattr(cfg, "history_bias", False) is True and cfg.loss not in ("ce", "auto"):
         raise SeqrecError("model.history_bias needs model.loss='ce' (its offsets enter the full softmax)")
-    if cfg.negatives == "popularity" and cfg.loss not in ("auto", "sampled_softmax", "bce", "gbce"):
+    if cfg.negatives == "popularity" and cfg.loss not in ("sampled_softmax", "bce", "gbce"):
         raise SeqrecError("model.negatives='popularity' needs a sampled loss (sampled_softmax, bce, gbce)")
 
 

@@ -134,6 +134,8 @@ def _sparse_items(model_cfg: Any, train_cfg: Any, data: PreparedDataset, built: 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if loss in ("ce", "auto"):
         value, reason = False, "the full softmax's gradient reaches every row of the table anyway"
+    elif getattr(model_cfg, "name", "") == "bert4rec":
+        value, reason = False, "BERT4Rec's output reads a slice of its table (its MASK row is not an item)"
     elif distributed:
         value, reason = False, "data-parallel ranks exchange dense gradients"
     elif data.n_items < SPARSE_ITEMS:
@@ -188,10 +190,13 @@ def _loss(model_cfg: Any, data: PreparedDataset, device: torch.device, built: An
     if seconds <= CE_EPOCH_SECONDS or data.n_items <= 4 * SAMPLED_NEGATIVES:
         model_cfg.loss = "ce"
         return {**out, "value": "ce", "reason": f"{costs} (<= {CE_EPOCH_SECONDS:.0f} s): the full softmax"}
-    model_cfg.loss, model_cfg.negatives, model_cfg.logq = "sampled_softmax", "popularity", True
-    model_cfg.n_negatives = SAMPLED_NEGATIVES
-    return {**out, "value": "sampled_softmax", "also": {"model.negatives": "popularity", "model.logq": True,
-                                                        "model.n_negatives": SAMPLED_NEGATIVES},
+    # the sampled loss's settings, where the config left them at their defaults (uniform, no logQ, 1 negative)
+    also = {"model.negatives": "popularity" if model_cfg.negatives == "uniform" else model_cfg.negatives,
+            "model.logq": True, "model.n_negatives": SAMPLED_NEGATIVES if model_cfg.n_negatives == 1
+            else model_cfg.n_negatives}
+    model_cfg.loss = "sampled_softmax"
+    model_cfg.negatives, model_cfg.logq, model_cfg.n_negatives = also.values()
+    return {**out, "value": "sampled_softmax", "also": also,
             "reason": f"{costs} (> {CE_EPOCH_SECONDS:.0f} s): a sampled softmax, {SAMPLED_NEGATIVES} popularity "
                       "negatives per batch with the logQ correction"}
 
@@ -200,6 +205,13 @@ def free_memory(device: torch.device) -> int:
     """Bytes free for training on `device`: CUDA's free memory, or the host's available memory."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    try:  # Linux: MemAvailable counts the page cache the kernel would give back, MemFree does not
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):  # no sysconf: assume a small machine

@@ -144,7 +144,10 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     device = rank_device or pick_device(cfg.train.device)
     # before the model is built (a given model decided already); the loss and batch size depend on the
     # machine too: under torchrun every rank takes rank 0's
-    decisions = world.broadcast(resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, device, model))
+    # rank 0 decides (on copies) and every rank applies the same decisions, so all build the same model
+    decided = resolve_auto_train(copy.deepcopy(cfg.model), copy.deepcopy(cfg.train), cfg.data.max_len, data, device,
+                                 model) if world.main else None
+    decisions = world.broadcast(decided)
     apply_decisions(cfg, decisions)
     decisions += resolve_auto(cfg.model, data, model) + resolve_auto_data(cfg.data, data)
     L = cfg.data.max_len

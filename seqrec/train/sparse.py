@@ -62,7 +62,7 @@ class _SparseRows:
             return
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         state["step"] += 1
-        step = float(state["step"])
+        step = state["step"]  # a tensor where the parameter lives: no wait for the device
         rows = p[idx]
         if wd and self.decoupled:
             rows = rows * (1 - lr * wd)
