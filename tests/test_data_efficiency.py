@@ -92,3 +92,23 @@ def test_repeat_rates_on_known_logs(tmp_path: Path) -> None:
     got = rates({"u1": ["a", "a", "b", "a", "x", "y"], "u2": ["b", "c", "b", "z", "w", "v"]})
     # later training events: u1 a, b, a (2 repeats, 1 consecutive); u2 c, b, z (1 repeat)
     assert got == {"repeat_rate": pytest.approx(3 / 6), "consecutive_repeat_rate": pytest.approx(1 / 6)}
+
+
+def test_plot_lines_are_the_validation_picked_variant_of_each_family() -> None:
+    from data_efficiency import envelope, family
+
+    assert [family(m) for m in ("sasrec-hist", "unisrec-scratch-hist-p50", "pt-inductive-p50 (games)", "popularity",
+                                "unisrec-scratch-b64p30")] == ["sasrec", "unisrec-scratch", "pre-trained",
+                                                               "popularity", "unisrec-scratch"]
+
+    def row(method: str, fraction: float, seeds: int, valid: float, test: float) -> dict[str, object]:
+        return {"method": method, "fraction": fraction, "seeds": seeds, "valid_ndcg@10_median": valid,
+                "test_ndcg@10_median": test}
+
+    summary = [row("unisrec-scratch", 0.01, 3, 0.04, 0.05), row("unisrec-scratch-hist", 0.01, 3, 0.05, 0.04),
+               row("unisrec-scratch-probe", 0.01, 1, 0.09, 0.09),  # one seed where three ran: no pick
+               row("unisrec-scratch", 0.1, 3, 0.06, 0.06), row("zero-shot (x)", 0.0, 1, 0.03, 0.03)]
+    lines = envelope(summary)
+    assert list(lines) == ["unisrec-scratch"]  # zero-shot (fraction 0) is a horizontal line of its own
+    assert [(p["method"], p["fraction"]) for p in lines["unisrec-scratch"]] == [
+        ("unisrec-scratch-hist", 0.01), ("unisrec-scratch", 0.1)]
