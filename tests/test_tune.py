@@ -67,6 +67,10 @@ def test_cli_tune_trains_and_tests_the_best(tiny_dataset: PreparedDataset, tmp_p
     assert "test" in results
     report = json.loads((out / "trials.json").read_text())
     assert report["best_run"]["test"] == results["test"]
+    # the final run takes the best trial's machine-dependent decisions instead of making them again
+    best = report["best_run"]["config"]
+    assert best["model"]["loss"] == "ce" and best["train"]["batch_size"] == 128
+    assert best["train"]["sparse_items"] is False
 
 
 def test_unknown_model_space_is_an_error(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:

@@ -57,6 +57,16 @@ SPACES: dict[str, Callable[[], Space]] = {
 }
 
 
+# "auto" settings decided from the machine as well as the data (seqrec.train.auto): a trial's are kept
+LOSS_COMPANIONS = ("model.negatives", "model.logq", "model.n_negatives")
+MACHINE_DECIDED = ("model.loss", *LOSS_COMPANIONS, "train.batch_size", "train.sparse_items")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key, None)
+
+
 def _with(cfg: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(cfg)
     for dotted, value in values.items():
@@ -118,7 +128,10 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
             if trial.should_prune():
                 raise optuna.TrialPruned()
 
-        results = fit(cfg, data, run_dir / "trials" / str(trial.number), on_epoch=report, test=False)
+        try:
+            results = fit(cfg, data, run_dir / "trials" / str(trial.number), on_epoch=report, test=False)
+        finally:  # what the machine decided for this trial (fit decides before its first epoch)
+            trial.set_user_attr("decided", {k: _get(cfg, k) for k in MACHINE_DECIDED if _get(cfg, k) is not None})
         return float(results["valid"]["ndcg@10"])
 
     n_before = len(study.trials)
@@ -132,6 +145,10 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
     if final:
         best_raw = _with(base, {k: v for k, v in study.best_trial.params.items()})
         best_raw = _with(best_raw, {"train.progress": False})
+        # the best trial's machine-dependent decisions, so the final run does not make them again under other load
+        base_cfg = resolve(base)
+        best_raw = _with(best_raw, {k: v for k, v in study.best_trial.user_attrs.get("decided", {}).items()
+                                    if _get(base_cfg, k) == "auto" or k in LOSS_COMPANIONS})
         if "model.d" in study.best_trial.params:
             best_raw = _with(best_raw, _fits({"model.d": study.best_trial.params["model.d"]}, base))
         results = fit(resolve(best_raw), data, run_dir / "best")
