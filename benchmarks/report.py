@@ -902,9 +902,15 @@ def _transfer_goals(d: dict[str, Any]) -> list[str]:
         ratio = pre["test_ndcg@10_median"] / scratch["test_ndcg@10_median"]
         goal = "goal +20%" if fraction <= 0.1 else ("goal: not below" if fraction == 1.0 else "")
         met = (ratio >= 1.2) if fraction <= 0.1 else (ratio >= 1.0 if fraction == 1.0 else None)
+        capped = [(side, sum(1 for r in runs if r.get("best_epoch") == r.get("epochs_run")), len(runs))
+                  for side, m in (("pre-trained", pre), ("from scratch", scratch))
+                  for runs in [[r for r in d["runs"] if r["method"] == m["method"] and r["fraction"] == fraction]]]
+        still = ", ".join(f"{side} {n} of {total} seeds" for side, n, total in capped if n)
         out.append(f"{_share(fraction)} of users: pre-trained `{pre['method']}` {f4(pre['test_ndcg@10_median'])} "
                    f"against from scratch `{scratch['method']}` {f4(scratch['test_ndcg@10_median'])}: "
-                   f"{ratio - 1:+.1%}" + (f" ({goal}: {'met' if met else 'not met'})" if goal else ""))
+                   f"{ratio - 1:+.1%}" + (f" ({goal}: {'met' if met else 'not met'})" if goal else "")
+                   + (f"; stopped by the time cap or the epoch limit at their best epoch, still improving: {still}"
+                      if still else ""))
     popularity = next((s for s in summary if s["method"] == "popularity" and s["fraction"] == 1.0), None)
     shots = [s for s in summary if s["method"].startswith("zero-shot")]
     if popularity and shots:
