@@ -410,6 +410,14 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
             f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
 
 
+SERVE_GOAL = {"p50_ms": 5.0, "p99_ms": 25.0, "requests_per_s": 500.0}  # issue 16, at concurrency 8
+
+
+def _serve_goal_met(r: dict[str, Any] | None) -> bool:
+    return (r is not None and r["failed"] == 0 and r["p50_ms"] < SERVE_GOAL["p50_ms"]
+            and r["p99_ms"] < SERVE_GOAL["p99_ms"] and r["requests_per_s"] >= SERVE_GOAL["requests_per_s"])
+
+
 def serve_load(d: dict[str, Any]) -> list[str]:
     rec, live, sess = d["recommend"], d["live"], d["sessions"]
     lines = ["## Serving: `seqrec serve` under load (loopback, this machine)", "",
@@ -423,6 +431,11 @@ def serve_load(d: dict[str, Any]) -> list[str]:
         for c, r in rows.items():
             lines.append(f"| {index} | {c} | {r['requests']:,} | {r['failed']} | {r['requests_per_s']:.0f} | "
                          f"{r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} |")
+    met = [index for index, rows in rec.items() if _serve_goal_met(rows.get("8"))]
+    lines += ["", f"Goal at concurrency 8: p50 < {SERVE_GOAL['p50_ms']:g} ms, p99 < {SERVE_GOAL['p99_ms']:g} ms and "
+              f"at least {SERVE_GOAL['requests_per_s']:g} requests/s: "
+              + (f"met by {', '.join(met)}" if met else "not met by any row")
+              + (f"; not by {', '.join(i for i in rec if i not in met)}." if len(met) < len(rec) else ".")]
     load = live["load_during_adds"]
     lines += ["", f"Live catalogue (UniSRec): {live['added']:,} items added by text, one POST each, while "
               f"/recommend ran at concurrency 8: {live['add_failures']} failed POSTs, {load['failed']} failed of "
