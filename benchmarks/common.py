@@ -52,6 +52,20 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "commit": commit}
 
 
+def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
+    """Median GFLOP/s of an n x n matrix product in `dtype` on `threads` threads: the peak that
+    compute-bound work is measured against, in the same run."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
 def write_result(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")

@@ -21,22 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, write_result
-
-
-def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3) -> float:
-    """Median GFLOP/s of an n x n float32 matrix product on `threads` threads."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times) / 1e9
+from common import RESULTS, machine, matmul_gflops, write_result
 
 
 def one(users: int, items: int, d: int, threads: int, peak_n: int) -> dict[str, float]:

@@ -470,13 +470,33 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
     lines = section(
         "Text encoding throughput (frozen encoder)",
         "Script: `benchmarks/text_encode.py`; file: `results/text_encoding.json`. Every item text of the "
-        "dataset, mean pooling, max 128 tokens, batch 64, median of repeats; the cache is not used.",
-        ["dataset", "encoder", "texts", "tokens", "threads", "texts/s", "tokens/s"])
+        "dataset, mean pooling, max 128 tokens, batches of 64 sorted by length and padded per batch, median "
+        "of repeats that alternate the precisions; the cache is not used. GFLOP/s counts 2 × the encoder's "
+        "non-embedding parameters per token plus the attention products; the peak is a 4096² matmul in the "
+        "same precision on the same threads, measured in the same run.",
+        ["dataset", "encoder", "texts", "tokens", "threads", "precision", "texts/s", "tokens/s", "GFLOP/s",
+         "fraction of matmul peak"])
+    notes = []
     for r in d.values():
         for run in r["runs"]:
+            frac = run.get("fraction_of_peak")
             lines.append(f"| {r['dataset']} | {r['encoder']} | {r['texts']} | {r['tokens']} | {run['threads']} | "
-                         f"{run['texts_per_s']:.0f} | {run['tokens_per_s']:.0f} |")
-    return lines
+                         f"{run.get('precision', 'fp32')} | {run['texts_per_s']:.0f} | {run['tokens_per_s']:.0f} | "
+                         + (f"{run['gflops']:.0f} | {frac:.2f} |" if frac is not None else "– | – |"))
+        cos, goal = r.get("bf16_cosine_distance"), r.get("goal_texts_per_s")
+        if cos and goal:
+            best = max(r["runs"], key=lambda x: x["texts_per_s"])
+            need = goal * r["gflop_per_text"]
+            verdict = ("met" if best["texts_per_s"] >= goal else
+                       f"not met: at {r['gflop_per_text']:.2f} GFLOP per text it needs {need:.0f} GFLOP/s, "
+                       f"{need / best['matmul_peak_gflops']:.1f}× the measured {best['precision']} matmul peak"
+                       + (", beyond what this encoder can do on these cores" if need > best["matmul_peak_gflops"]
+                          else ""))
+            notes.append(f"{r['dataset']}: bf16 vectors within {cos['max']:.1e} cosine distance of float32's "
+                         f"(median {cos['median']:.1e}; goal ≤ {cos['goal_max']:g}); fastest "
+                         f"{best['texts_per_s']:.0f} texts/s ({best['threads']} thread(s), {best['precision']}); "
+                         f"goal {goal:,} texts/s {verdict}.")
+    return lines + (["", *notes] if notes else [])
 
 
 def _train_rows(device: str, d: dict[str, Any]) -> list[list[str]]:

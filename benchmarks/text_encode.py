@@ -1,9 +1,13 @@
 """Text-encoding throughput of the frozen encoder (seqrec.data.text.TextEncoder) on real item texts.
 
 Encodes every item text of each dataset (as `seqrec text encode` builds them) with the default
-encoder, mean pooling, max length 128, batch 64, once per thread count; reports texts/s and
-tokens/s (median of `--repeats`). The cache is not touched. Writes
-benchmarks/results/text_encoding.json.
+encoder, mean pooling, max length 128, batch 64 (length-sorted, padded per batch), once per
+thread count and precision: float32, and bfloat16 where the CPU computes it natively (what
+`precision = "auto"` picks there). Repeats alternate the precisions, so that the machine's noise
+falls on both; texts/s and tokens/s are medians. Also: how far the bf16 vectors are from the
+float32 ones (cosine distance), the achieved GFLOP/s (2 x the encoder's non-embedding parameters
+per token, attention products added) against a square matmul in the same precision measured in
+the same run. The cache is not touched. Writes benchmarks/results/text_encoding.json.
 
     python benchmarks/text_encode.py amazon-scientific-unisrec yelp-p5 --threads 1 2
 """
@@ -18,31 +22,64 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from common import RESULTS, machine, prepared, write_result
+from common import RESULTS, machine, matmul_gflops, prepared, write_result
 
-from seqrec.data.text import TextEncoder, item_texts, resolve_encoder
+from seqrec.data.text import TextEncoder, item_texts, native_bf16, resolve_encoder
+
+GOAL_TEXTS_PER_S = 1000  # issue 18, on this 2-core machine
+GOAL_COSINE = 1e-3
+
+
+def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
+    """Mean FLOPs of one text: 2 x (non-embedding parameters) per token, plus the attention products
+    (QK^T and AV: 4 T^2 D per layer) at the text's own length (batches are length-sorted)."""
+    model = encoder.model
+    embed = sum(p.numel() for p in model.get_input_embeddings().parameters())
+    params = sum(p.numel() for p in model.parameters()) - embed
+    cfg = model.config
+    t = np.asarray(lengths, dtype=np.float64)
+    return float(np.mean(2 * params * t + 4 * t**2 * cfg.hidden_size * cfg.num_hidden_layers))
 
 
 def measure(name: str, threads: list[int], repeats: int, limit: int) -> dict[str, Any]:
     data = prepared(name)
     texts = [t for t in item_texts(data.item_table) if t][:limit]
-    encoder = TextEncoder(resolve_encoder("default"))
-    n_tokens = sum(len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=128)["input_ids"])
-    out: dict[str, Any] = {"dataset": name, "texts": len(texts), "tokens": n_tokens,
-                           "encoder": "/".join(Path(encoder.source).parts[-2:]), "pooling": "mean",
-                           "max_length": 128, "batch_size": 64, "runs": []}
+    encoders = {"fp32": TextEncoder(resolve_encoder("default"), precision="fp32")}
+    if native_bf16("cpu"):
+        encoders["bf16"] = TextEncoder(resolve_encoder("default"), precision="bf16")
+    ref = encoders["fp32"]
+    lengths = [len(ids) for ids in ref.tokenizer(texts, truncation=True, max_length=128)["input_ids"]]
+    per_text = flops_per_text(ref, lengths)
+    out: dict[str, Any] = {"dataset": name, "texts": len(texts), "tokens": sum(lengths),
+                           "encoder": "/".join(Path(ref.source).parts[-2:]), "pooling": "mean",
+                           "max_length": 128, "batch_size": 64, "gflop_per_text": per_text / 1e9,
+                           "goal_texts_per_s": GOAL_TEXTS_PER_S, "runs": []}
+    vectors = {p: enc.encode(texts, batch_size=64) for p, enc in encoders.items()}
+    if "bf16" in vectors:
+        a, b = vectors["fp32"], vectors["bf16"]
+        dist = 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        out["bf16_cosine_distance"] = {"max": float(dist.max()), "median": float(np.median(dist)),
+                                       "goal_max": GOAL_COSINE}
     for n in threads:
-        torch.set_num_threads(n)
-        encoder.encode(texts[:128])  # warm-up
-        seconds = []
+        peaks = {p: matmul_gflops(n, dtype=torch.float32 if p == "fp32" else torch.bfloat16) for p in encoders}
+        seconds: dict[str, list[float]] = {p: [] for p in encoders}
+        for enc in encoders.values():
+            enc.encode(texts[:128])  # warm-up
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            encoder.encode(texts, batch_size=64)
-            seconds.append(time.perf_counter() - t0)
-        s = statistics.median(seconds)
-        out["runs"].append({"threads": n, "seconds": s, "texts_per_s": len(texts) / s, "tokens_per_s": n_tokens / s})
-        print(f"{name}: {n} thread(s) {len(texts) / s:.0f} texts/s, {n_tokens / s:.0f} tokens/s", flush=True)
+            for p, enc in encoders.items():
+                t0 = time.perf_counter()
+                enc.encode(texts, batch_size=64)
+                seconds[p].append(time.perf_counter() - t0)
+        for p, times in seconds.items():
+            s = statistics.median(times)
+            gflops = per_text * len(texts) / s / 1e9
+            out["runs"].append({"threads": n, "precision": p, "seconds": s, "texts_per_s": len(texts) / s,
+                                "tokens_per_s": sum(lengths) / s, "gflops": gflops, "matmul_peak_gflops": peaks[p],
+                                "fraction_of_peak": gflops / peaks[p]})
+            print(f"{name}: {n} thread(s) {p} {len(texts) / s:.0f} texts/s, {sum(lengths) / s:.0f} tokens/s, "
+                  f"{gflops:.0f} GFLOP/s of a {peaks[p]:.0f} peak", flush=True)
     return out
 
 

