@@ -64,6 +64,8 @@ COLD_RUNS = {  # run folder -> command
     "unisrec-cold20-pretrained-zero-shot": f"{STAGE} cold-zero-shot",
     "unisrec-cold20-pretrained-hist-zero-shot": f"{STAGE} cold-zero-shot-hist",
     "unisrec-cold20-pretrained-inductive": f"{STAGE} cold-pretrained",
+    **{f"unisrec-cold20-pretrained-hist-inductive-softmax-{w}": f"{STAGE} cold-pretrained-hist {w}"
+       for w in ("trained", "all")},
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
 MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")

@@ -3,7 +3,8 @@
 # CPU (one torch thread each, at most two runs at a time). `python benchmarks/unisrec_report.py` collects them.
 #   bash benchmarks/unisrec_runs.sh scratch | scratch-transductive[-wd] | scratch-then-id | then-id-lr | two-stage-seed SEED | pretrain NEG | finetune NEG SETTING | cold-split | cold-sasrec
 #                                   | scratch-hist | two-stage-hist SEED | finetune-hist NEG SETTING
-#                                   | cold-unisrec | cold-unisrec-scratch | cold-zero-shot | cold-zero-shot-hist | cold-pretrained | memory
+#                                   | cold-unisrec | cold-unisrec-scratch | cold-zero-shot | cold-zero-shot-hist | cold-pretrained
+#                                   | cold-pretrained-hist trained|all | memory
 # The pre-trained model is $PRETRAINED (default $R/pretrained-games):
 #   SEQREC_HOME=benchmarks/work seqrec pretrain --config configs/pretrain.toml --out $R/pretrained-games
 set -euo pipefail
@@ -86,6 +87,13 @@ case "$1" in
     .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from ${PRETRAINED:-$R/pretrained-games} --setting inductive \
       --config $CFG --set model.freeze_encoder=false --set train.progress=false --set train.refit=false \
       --set train.time_budget_s=$BUDGET --out $R/unisrec-cold20-pretrained-inductive ;;
+  cold-pretrained-hist)  # Games pre-trained (history bias learnt), fine-tuned inductive, every weight trained,
+    # with the training softmax over the items that have training events (trained) or over every item (all)
+    .venv/bin/seqrec text encode $P/amazon-scientific-unisrec-cold20 --missing id --no-progress
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/xfer/games-centre-hist --setting inductive \
+      --config $CFG --set model.freeze_encoder=false --set "model.softmax_items=\"$2\"" --set train.progress=false \
+      --set train.refit=false --set train.time_budget_s=${BUDGET_COLD:-900} \
+      --out $R/unisrec-cold20-pretrained-hist-inductive-softmax-$2 ;;
   memory)  # peak memory of a few pre-training steps: MoCo (batch 256, 8192 queued) vs in-batch (batch 8192)
     for spec in "moco 256 8192" "in-batch 256 8192" "in-batch 8192 8192"; do
       set -- $spec

@@ -347,6 +347,36 @@ def test_transductive_items_without_training_events_keep_a_zero_id_vector(
     assert not torch.equal(after[~untrained], before[~untrained])
 
 
+def test_trained_softmax_leaves_items_without_training_events_out(
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path) -> None:
+    """softmax_items="trained": the loss is the softmax over the items with a training event (checked
+    against that softmax written out), so cold items are never pushed down; "all" counts them too."""
+    from seqrec.data.counts import train_item_counts
+    from seqrec.eval.cold import cold_item_split
+
+    data = cold_item_split(tiny_dataset, 0.3, 0, tmp_path / "cold")
+    trained = torch.as_tensor(train_item_counts(data) > 0)
+    assert not trained[1:].all()
+    batch = next(iter(TrainBatches(data, 8, 16, seed=0)))
+    losses = {}
+    for which in ("trained", "all"):
+        torch.manual_seed(0)
+        model = UniSRec.from_dataset(tiny_config(encoder_dir, softmax_items=which, dropout=0.0, attn_dropout=0.0,
+                                                 adaptor_dropout=0.0, gate_noise=False), data, 8)
+        model.fit_data(data)
+        losses[which] = model.loss(batch)
+        states = F.normalize(model.hidden(batch.items), dim=-1)[batch.targets != 0]
+        logits = states @ model.item_embeddings().T  # (M, N+1)
+        keep = trained.clone() if which == "trained" else torch.ones_like(trained)
+        keep[0] = False
+        targets = batch.targets[batch.targets != 0]
+        expected = torch.logsumexp(logits[:, keep], 1) - logits.gather(1, targets[:, None])[:, 0]
+        torch.testing.assert_close(losses[which], expected.mean())
+    assert losses["trained"].item() < losses["all"].item()
+    with pytest.raises(SeqrecError, match="softmax_items"):
+        tiny_config(encoder_dir, softmax_items="some")
+
+
 def test_text_centre_uses_each_catalogues_own_mean(tiny_dataset: PreparedDataset, encoder_dir: Path,
                                                    tmp_path: Path) -> None:
     """model.text_centre: the adaptor sees text less the catalogue's mean; the mean is the target's own

@@ -61,6 +61,10 @@ class UniSRecConfig:
     positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
+    # the training softmax: "trained" = over the items with a training event only, so that items with none
+    # (in the catalogue without interactions, cold) are not taught to score low and are ranked from their
+    # text like items added later; "all" = every catalogue item is a negative
+    softmax_items: Literal["trained", "all"] = "all"
     history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
     # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
     init_std: float = 0.02
@@ -79,12 +83,17 @@ class UniSRecConfig:
         check_encoder_config(self)
         if self.temperature <= 0 or self.n_experts < 1:
             raise SeqrecError("model.temperature must be > 0 and model.n_experts >= 1")
+        if self.softmax_items not in ("trained", "all"):
+            raise SeqrecError(f"model.softmax_items must be 'trained' or 'all', got {self.softmax_items!r}")
 
     def text_options(self) -> TextOptions:
         return TextOptions(encoder=self.text_encoder, revision=self.text_revision, pooling=self.text_pooling,
                            max_length=self.text_max_length, template=self.text_template,
                            missing=self.text_missing, word_drop=self.text_word_drop,
                            precision=self.text_precision)
+
+
+LEFT_OUT = -1e4  # a logit offset that takes an item out of a softmax (cos / τ is at most 1 / τ)
 
 
 class UniSRec(SequentialModel):
@@ -119,6 +128,7 @@ class UniSRec(SequentialModel):
                 module.requires_grad_(False)
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
         self.history = HistoryBias(max_len) if config.history_bias is True else None  # transfer: seqrec.train.transfer
+        self.untrained: torch.Tensor | None = None  # (N+1,) bool, items with no training event (`fit_data`)
 
     def sequence_encoder(self) -> list[nn.Module]:
         """The parts shared across domains that inductive fine-tuning keeps frozen."""
@@ -179,15 +189,27 @@ class UniSRec(SequentialModel):
         return F.normalize(state, dim=-1), cache
 
     def fit_data(self, data: PreparedDataset) -> None:
-        """Transductive: an item with no training event has no ID to learn; its ID vector is held at zero,
-        so it is scored from its text alone (as items added later by `add_items` are)."""
+        """Items with no training event: left out of the training softmax (`softmax_items = "trained"`);
+        transductive, their ID vectors are held at zero (there is nothing to learn them from). Either way
+        they are scored from their text alone, as items added later by `add_items` are."""
+        untrained = torch.as_tensor(train_item_counts(data) == 0, device=self.text_emb.device)
+        self.untrained = untrained if bool(untrained.any()) else None
         if self.item_emb is None or not self.item_emb.weight.requires_grad:
             return
-        untrained = torch.as_tensor(train_item_counts(data) == 0, device=self.item_emb.weight.device)
+        untrained = untrained.to(self.item_emb.weight.device)
         with torch.no_grad():
             self.item_emb.weight[untrained] = 0.0
         keep = (~untrained).to(self.item_emb.weight.dtype)[:, None]
         self.item_emb.weight.register_hook(lambda grad: grad * keep)  # as negatives they would get gradients
+
+    def softmax_bias(self, n_rows: int, device: torch.device) -> torch.Tensor | None:
+        """(N+1,) logit offsets of the training softmax: a large negative for the items it leaves out."""
+        if self.config.softmax_items == "all" or self.untrained is None:
+            return None
+        out = torch.zeros(n_rows, device=device)
+        out[: len(self.untrained)] = self.untrained.to(device).float() * LEFT_OUT
+        out[len(self.untrained) :] = LEFT_OUT  # items added after fit_data have no training event either
+        return out
 
     def item_embeddings(self) -> torch.Tensor:
         ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
@@ -197,13 +219,15 @@ class UniSRec(SequentialModel):
         return F.normalize(self.embed_items(ids), dim=-1) / self.config.temperature
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """Softmax cross-entropy of cos(h, v) / τ over every item, at every position with a target."""
+        """Softmax cross-entropy of cos(h, v) / τ over the catalogue (`softmax_items`), at every position
+        with a target."""
         assert batch.targets is not None, "training batches carry targets"
         keep = batch.targets != 0
         states = F.normalize(self.hidden(batch.items, events=batch.events), dim=-1)  # (B, L, D)
         W = self.item_embeddings()
         history = None if self.history is None else self.history.training_rows(states, batch.items, W, None, keep)
-        return full_ce(states[keep], W, None, batch.targets[keep], history=history)
+        bias = self.softmax_bias(W.shape[0], W.device)
+        return full_ce(states[keep], W, bias, batch.targets[keep], history=history)
 
     @torch.no_grad()
     def set_item_text(self, ids: torch.Tensor, text_emb: torch.Tensor) -> None:
