@@ -50,8 +50,11 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 def native_bf16(device: str) -> bool:
     """Whether `device` computes bfloat16 matrix products in hardware (else bf16 is emulated: slower)."""
-    if device.startswith("cuda"):
+    kind = torch.device(device).type
+    if kind == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if kind != "cpu":
+        return False
     cpu = getattr(torch, "cpu", None)
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
