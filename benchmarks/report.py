@@ -417,7 +417,7 @@ COLD_BASELINE = "unisrec-cold20-scratch-text"  # the best cold-item run when iss
 def _cold_goal(cold: dict[str, Any]) -> list[str]:
     """The cold-item goal against the baseline run, and what leaving untrained items out of the
     training softmax changed (the two runs that differ only in model.softmax_items)."""
-    if COLD_BASELINE not in cold:
+    if COLD_BASELINE not in cold or not cold[COLD_BASELINE]["cold"]["recall@50"]:
         return []
     base = cold[COLD_BASELINE]["cold"]["recall@50"]
     best_key = max(cold, key=lambda k: cold[k]["cold"]["recall@50"])
@@ -461,8 +461,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
     met = [index for index, rows in rec.items() if _serve_goal_met(rows.get("8"))]
     lines += ["", f"Goal at concurrency 8: p50 < {SERVE_GOAL['p50_ms']:g} ms, p99 < {SERVE_GOAL['p99_ms']:g} ms and "
               f"at least {SERVE_GOAL['requests_per_s']:g} requests/s: "
-              + (f"met by {', '.join(met)}" if met else "not met by any row")
-              + (f"; not by {', '.join(i for i in rec if i not in met)}." if len(met) < len(rec) else ".")]
+              + (f"met by {'; '.join(f'“{i}”' for i in met)}" if met else "not met by any row")
+              + (f"; not by {'; '.join(f'“{i}”' for i in rec if i not in met)}." if len(met) < len(rec) else ".")]
     load = live["load_during_adds"]
     lines += ["", f"Live catalogue (UniSRec): {live['added']:,} items added by text, one POST each, while "
               f"/recommend ran at concurrency 8: {live['add_failures']} failed POSTs, {load['failed']} failed of "

@@ -33,11 +33,11 @@ GOAL_COSINE = 1e-3
 
 
 def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
-    """Mean FLOPs of one text: 2 x (non-embedding parameters) per token, plus the attention products
-    (QK^T and AV: 4 T^2 D per layer) at the text's own length (batches are length-sorted)."""
+    """Mean FLOPs of one text: 2 x the layers' parameters (no embeddings, no pooler) per token, plus the
+    attention products (QK^T and AV: 4 T^2 D per layer) at the text's own length (batches are length-sorted)."""
     model = encoder.model
-    embed = sum(p.numel() for p in model.get_input_embeddings().parameters())
-    params = sum(p.numel() for p in model.parameters()) - embed
+    outside = [m for m in (getattr(model, "embeddings", None), getattr(model, "pooler", None)) if m is not None]
+    params = sum(p.numel() for p in model.parameters()) - sum(p.numel() for m in outside for p in m.parameters())
     cfg = model.config
     t = np.asarray(lengths, dtype=np.float64)
     return float(np.mean(2 * params * t + 4 * t**2 * cfg.hidden_size * cfg.num_hidden_layers))

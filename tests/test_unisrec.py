@@ -347,32 +347,45 @@ def test_transductive_items_without_training_events_keep_a_zero_id_vector(
     assert not torch.equal(after[~untrained], before[~untrained])
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("history_bias", [False, True])
 def test_trained_softmax_leaves_items_without_training_events_out(
-        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path) -> None:
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        chunked: bool, history_bias: bool) -> None:
     """softmax_items="trained": the loss is the softmax over the items with a training event (checked
-    against that softmax written out), so cold items are never pushed down; "all" counts them too."""
+    against that softmax written out, history offsets included), so cold items are never pushed down;
+    "all" counts them too. Both ways of computing the softmax (at once, in chunks of items)."""
+    import seqrec.nn.losses as losses_module
     from seqrec.data.counts import train_item_counts
     from seqrec.eval.cold import cold_item_split
 
+    if chunked:
+        monkeypatch.setattr(losses_module.full_ce, "__defaults__", (7, None))  # 7 logits at a time
     data = cold_item_split(tiny_dataset, 0.3, 0, tmp_path / "cold")
     trained = torch.as_tensor(train_item_counts(data) > 0)
     assert not trained[1:].all()
     batch = next(iter(TrainBatches(data, 8, 16, seed=0)))
-    losses = {}
     for which in ("trained", "all"):
         torch.manual_seed(0)
         model = UniSRec.from_dataset(tiny_config(encoder_dir, softmax_items=which, dropout=0.0, attn_dropout=0.0,
-                                                 adaptor_dropout=0.0, gate_noise=False), data, 8)
+                                                 adaptor_dropout=0.0, gate_noise=False, history_bias=history_bias),
+                                     data, 8)
         model.fit_data(data)
-        losses[which] = model.loss(batch)
-        states = F.normalize(model.hidden(batch.items), dim=-1)[batch.targets != 0]
-        logits = states @ model.item_embeddings().T  # (M, N+1)
+        if model.history is not None:
+            with torch.no_grad():
+                model.history.theta.normal_()  # offsets far from their start
+        loss = model.loss(batch)
+        has = batch.targets != 0
+        states = F.normalize(model.hidden(batch.items), dim=-1)
+        logits = (states @ model.item_embeddings().T)[has]  # (M, N+1)
+        if model.history is not None:  # each row's offsets on the items it has seen, written out
+            x, v, _ = model.history.training_rows(states, batch.items, model.item_embeddings(), None, has)
+            logits = logits.scatter_add(1, x, v * (x != 0))
         keep = trained.clone() if which == "trained" else torch.ones_like(trained)
         keep[0] = False
-        targets = batch.targets[batch.targets != 0]
+        targets = batch.targets[has]
         expected = torch.logsumexp(logits[:, keep], 1) - logits.gather(1, targets[:, None])[:, 0]
-        torch.testing.assert_close(losses[which], expected.mean())
-    assert losses["trained"].item() < losses["all"].item()
+        torch.testing.assert_close(loss, expected.mean(), rtol=1e-5, atol=1e-5)
     with pytest.raises(SeqrecError, match="softmax_items"):
         tiny_config(encoder_dir, softmax_items="some")
 

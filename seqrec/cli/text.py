@@ -22,7 +22,8 @@ def cmd_text_encode(args: argparse.Namespace) -> int:
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     result = text_embeddings(data, options, progress=not args.no_progress)
     meta = result.meta
-    how = "reused" if result.reused else f"encoded in {meta['seconds']:.1f}s ({meta['texts_per_s']:.0f} texts/s)"
+    how = ("reused" if result.reused else f"encoded in {meta['seconds']:.1f}s ({meta['texts_per_s']:.0f} texts/s)"
+           ) + f", {meta.get('precision', 'fp32')}"
     print(f"{data.meta['name']}: {meta['n_items']} items x {meta['dim']} ({meta['n_missing']} without text), "
           f"{how} -> {result.path}")
     return 0

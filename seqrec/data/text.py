@@ -51,8 +51,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 def native_bf16(device: str) -> bool:
     """Whether `device` computes bfloat16 matrix products in hardware (else bf16 is emulated: slower)."""
     kind = torch.device(device).type
-    if kind == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if kind == "cuda":  # Ampere and later; older GPUs only emulate bf16
+        return bool(torch.cuda.is_available() and torch.cuda.get_device_capability(torch.device(device))[0] >= 8)
     if kind != "cpu":
         return False
     cpu = getattr(torch, "cpu", None)

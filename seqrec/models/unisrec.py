@@ -83,6 +83,8 @@ class UniSRecConfig:
         check_encoder_config(self)
         if self.temperature <= 0 or self.n_experts < 1:
             raise SeqrecError("model.temperature must be > 0 and model.n_experts >= 1")
+        if self.text_precision not in ("auto", "fp32", "bf16"):
+            raise SeqrecError(f"model.text_precision must be auto, fp32 or bf16, got {self.text_precision!r}")
         if self.softmax_items not in ("trained", "all"):
             raise SeqrecError(f"model.softmax_items must be 'trained' or 'all', got {self.softmax_items!r}")
 
@@ -193,7 +195,8 @@ class UniSRec(SequentialModel):
         transductive, their ID vectors are held at zero (there is nothing to learn them from). Either way
         they are scored from their text alone, as items added later by `add_items` are."""
         untrained = torch.as_tensor(train_item_counts(data) == 0, device=self.text_emb.device)
-        self.untrained = untrained if bool(untrained.any()) else None
+        untrained[0] = False  # padding: never a candidate anyway
+        self.untrained = untrained
         if self.item_emb is None or not self.item_emb.weight.requires_grad:
             return
         untrained = untrained.to(self.item_emb.weight.device)
@@ -204,7 +207,8 @@ class UniSRec(SequentialModel):
 
     def softmax_bias(self, n_rows: int, device: torch.device) -> torch.Tensor | None:
         """(N+1,) logit offsets of the training softmax: a large negative for the items it leaves out."""
-        if self.config.softmax_items == "all" or self.untrained is None:
+        if (self.config.softmax_items == "all" or self.untrained is None
+                or (n_rows == len(self.untrained) and not bool(self.untrained.any()))):
             return None
         out = torch.zeros(n_rows, device=device)
         out[: len(self.untrained)] = self.untrained.to(device).float() * LEFT_OUT
@@ -225,8 +229,8 @@ class UniSRec(SequentialModel):
         keep = batch.targets != 0
         states = F.normalize(self.hidden(batch.items, events=batch.events), dim=-1)  # (B, L, D)
         W = self.item_embeddings()
-        history = None if self.history is None else self.history.training_rows(states, batch.items, W, None, keep)
         bias = self.softmax_bias(W.shape[0], W.device)
+        history = None if self.history is None else self.history.training_rows(states, batch.items, W, bias, keep)
         return full_ce(states[keep], W, bias, batch.targets[keep], history=history)
 
     @torch.no_grad()
