@@ -63,7 +63,8 @@ class UniSRecConfig:
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
     # the training softmax: "trained" = over the items with a training event only, so that items with none
     # (in the catalogue without interactions, cold) are not taught to score low and are ranked from their
-    # text like items added later; "all" = every catalogue item is a negative
+    # text like items added later; "all" = every catalogue item is a negative (training and fine-tuning;
+    # pre-training's negatives are the other items of its batch)
     softmax_items: Literal["trained", "all"] = "all"
     history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
     # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
