@@ -17,6 +17,7 @@ formats are in `tables.py`.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -636,14 +637,14 @@ def defaults(d: dict[str, Any]) -> list[str]:
              "average, every sequence model a refit on train + valid); the previous default is the same command "
              "before them (`results/defaults_previous.json`), validation / test.", "",
              *header(["dataset", "model", "training defaults", "default valid / test N@10", "previous default",
-                      "epochs", "stopped by the cap", "auto decisions", "best row test N@10", "best row", "ratio",
-                      "goal met"])]
+                      "epochs", "time cap s", "stopped by the cap", "auto decisions", "best row test N@10",
+                      "best row", "ratio", "goal met"])]
     for r in d["rows"]:
         run, best = r["default"], r.get("best")
         if "test" not in run:
             lines.append(row([r["dataset"], r["model"], DASH,
                               "failed: " + run.get("error", "").strip().splitlines()[-1],
-                              *[DASH] * 7, "no"]))
+                              *[DASH] * 8, "no"]))
             continue
         auto = "; ".join(f"{a['key']}={a['value']}" for a in run.get("auto", [])) or DASH
         cap = DASH if r.get("stopped_by_cap") is None else yes(r["stopped_by_cap"], "no")
@@ -651,10 +652,16 @@ def defaults(d: dict[str, Any]) -> list[str]:
         lines.append(row([r["dataset"], r["model"], _train_defaults(run.get("train_defaults")),
                           f"{f4(run['valid']['ndcg@10'])} / {f4(run['test']['ndcg@10'])}",
                           f"{f4(prev['valid_ndcg@10'])} / {f4(prev['test_ndcg@10'])}" if prev else DASH,
-                          run["epochs_run"], cap, auto,
+                          run["epochs_run"], _time_cap(run.get("command", "")), cap, auto,
                           f4(best["test"]["ndcg@10"]) if best else DASH, f"`{best['from']}`" if best else DASH,
                           num(r.get("ratio"), 2), yes(r.get("meets_goal"), "no") if best else DASH]))
     return lines
+
+
+def _time_cap(command: str) -> str:
+    """The training time cap a defaults run was given (its command line), in seconds."""
+    found = re.search(r"train\.time_budget_s=([0-9.]+)", command)
+    return f"{float(found.group(1)):.0f}" if found else DASH
 
 
 def _train_defaults(t: dict[str, Any] | None) -> str:
