@@ -518,9 +518,10 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
             verdict = ("met" if best["texts_per_s"] >= goal else
                        f"not met: at {r['gflop_per_text']:.2f} GFLOP per text it needs {need:.0f} GFLOP/s, "
                        f"{need / best['matmul_peak_gflops']:.1f}× the measured {best['precision']} matmul peak"
-                       + (", beyond what this encoder can do on these cores" if need > best["matmul_peak_gflops"]
-                          else ""))
-            notes.append(f"{r['dataset']}: bf16 vectors within {cos['max']:.1e} cosine distance of float32's "
+                       + (f", beyond what this encoder can do on {best['threads']} thread(s)"
+                          if need > best["matmul_peak_gflops"] else ""))
+            where = f"{r['dataset']} ({r['note']})" if r.get("note") else r["dataset"]
+            notes.append(f"{where}: bf16 vectors within {cos['max']:.1e} cosine distance of float32's "
                          f"(median {cos['median']:.1e}; goal ≤ {cos['goal_max']:g}); fastest "
                          f"{best['texts_per_s']:.0f} texts/s ({best['threads']} thread(s), {best['precision']}); "
                          f"goal {goal:,} texts/s {verdict}.")

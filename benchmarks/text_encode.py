@@ -90,11 +90,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--limit", type=int, default=5000, help="at most this many texts per dataset")
     p.add_argument("--out", default=str(RESULTS / "text_encoding.json"))
+    p.add_argument("--note", default="", help="what else the machine ran meanwhile, kept with the results")
     args = p.parse_args()
     out = Path(args.out)
     table = json.loads(out.read_text()) if out.exists() else {}
     for name in args.datasets:
-        table[name] = {**measure(name, args.threads, args.repeats, args.limit), "machine": machine(),
+        table[name] = {**measure(name, args.threads, args.repeats, args.limit), "machine": machine(), "note": args.note,
                        "command": " ".join(["python", "benchmarks/text_encode.py", *sys.argv[1:]])}
     write_result(out, table)
 
