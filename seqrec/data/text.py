@@ -16,9 +16,10 @@ CPU with AVX512-BF16 or AMX, a CUDA device with bf16), about twice the texts per
 float32 on such a CPU; pooling and the stored vectors stay float32, and the vectors agree with
 float32's to within 1e-4 cosine distance (benchmarks/text_encode.py measures both). Precision
 is not part of the cache key, as the vectors it changes are equal within that tolerance; the
-JSON beside each file records which was used. Items with no text raise by default; `missing="id"` uses the
-text "item <raw id>", `missing="mean"` uses the mean vector of the items that
-have text. Zeros are never used silently.
+JSON beside each file records which was used.
+
+Items with no text raise by default; `missing="id"` uses the text "item <raw id>",
+`missing="mean"` uses the mean vector of the items that have text. Zeros are never used silently.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ DEFAULT_ENCODER = "default"  # the all-MiniLM-L6-v2 files shipped in the gt-all-
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
+def check_precision(value: str) -> None:
+    """The one check of a text precision setting (TextOptions, TextEncoder, model configs)."""
+    if value not in PRECISIONS:
+        raise SeqrecError(f"text precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
+
+
 def native_bf16(device: str) -> bool:
     """Whether `device` computes bfloat16 matrix products in hardware (else bf16 is emulated: slower)."""
     kind = torch.device(device).type
@@ -74,8 +81,7 @@ class TextOptions:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # "auto": bf16 where the hardware has it
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise SeqrecError(f"text precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_precision(self.precision)
         if self.pooling not in ("mean", "cls"):
             raise SeqrecError(f"text pooling must be mean or cls, got {self.pooling!r}")
         if self.missing not in ("error", "id", "mean"):
@@ -164,8 +170,7 @@ class TextEncoder:
             raise SeqrecError(f"text encoder {name!r}: cannot load it ({reason})") from None
         self.model.requires_grad_(False)
         self.pooling, self.max_length, self.device = pooling, max_length, device
-        if precision not in PRECISIONS:
-            raise SeqrecError(f"text precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        check_precision(precision)
         self.precision = ("bf16" if native_bf16(device) else "fp32") if precision == "auto" else precision
 
     @property

@@ -26,7 +26,7 @@ from seqrec.data.batching import Batch
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import FeatureInputs
-from seqrec.data.text import TextOptions, text_embeddings
+from seqrec.data.text import TextOptions, check_precision, text_embeddings
 from seqrec.errors import SeqrecError
 from seqrec.models.base import REFIT_DEFAULT, SequentialModel
 from seqrec.nn.adaptors import MoEAdaptor, Whitening
@@ -84,8 +84,7 @@ class UniSRecConfig:
         check_encoder_config(self)
         if self.temperature <= 0 or self.n_experts < 1:
             raise SeqrecError("model.temperature must be > 0 and model.n_experts >= 1")
-        if self.text_precision not in ("auto", "fp32", "bf16"):
-            raise SeqrecError(f"model.text_precision must be auto, fp32 or bf16, got {self.text_precision!r}")
+        check_precision(self.text_precision)
         if self.softmax_items not in ("trained", "all"):
             raise SeqrecError(f"model.softmax_items must be 'trained' or 'all', got {self.softmax_items!r}")
 
