@@ -450,7 +450,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
     rec, live, sess = d["recommend"], d["live"], d["sessions"]
     lines = ["## Serving: `seqrec serve` under load (loopback, this machine)", "",
              f"{d['n_items']:,}-item catalogue; `seqrec serve` with 1 torch thread, top-10 from the index named in "
-             "each row (the live catalogue and the sessions use the exact one); a loopback load generator "
+             "each row (the sessions use the exact one); a loopback load generator "
              "(`benchmarks/loadgen.py`) on the other core. Random weights (latency does not depend on them). "
              "Script: `benchmarks/serve_load.py`; file: `results/serve_load.json`.", "",
              *header(["POST /recommend: index", "concurrency", "requests", "failed", "requests/s", "p50 ms", "p90 ms",
@@ -464,14 +464,20 @@ def serve_load(d: dict[str, Any]) -> list[str]:
               f"at least {SERVE_GOAL['requests_per_s']:g} requests/s: "
               + (f"met by {'; '.join(f'“{i}”' for i in met)}" if met else "not met by any row")
               + (f"; not by {'; '.join(f'“{i}”' for i in rec if i not in met)}." if len(met) < len(rec) else ".")]
-    load = live["load_during_adds"]
-    lines += ["", f"Live catalogue (UniSRec): {live['added']:,} items added by text, one POST each, while "
-              f"/recommend ran at concurrency 8: {live['add_failures']} failed POSTs, {load['failed']} failed of "
-              f"{load['requests']:,} /recommend requests (p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms); "
-              f"POST /items p50 {live['post_ms_p50']:.1f} ms, p99 {live['post_ms_p99']:.1f} ms; a new item is "
-              f"returned by the index {live['visible_s_p50'] * 1e3:.1f} ms (median) after its POST answered, at "
-              f"most {live['visible_s_max'] * 1e3:.1f} ms; {live['visible_within_1s']:,} of {live['added']:,} "
-              "within 1 s.", "",
+    lives = [r for key, r in sorted(d.items()) if key.startswith("live")]
+    lines += ["", f"Live catalogue (UniSRec, {live['added']:,} items added by text, one POST each, while /recommend "
+              "ran at concurrency 8): failed requests, /recommend latency during the adds, POST /items latency "
+              "(the text encoder runs in it), and the time from a POST's answer until the index returns the "
+              "new item.", "",
+              *header(["index, engine", "failed POSTs", "/recommend requests", "failed", "p50 ms", "p99 ms",
+                       "POST /items p50 ms", "p99 ms", "visible after, median ms", "max ms", "within 1 s"])]
+    for r in lives:
+        load = r["load_during_adds"]
+        lines.append(f"| {r.get('index', 'exact')}, {r.get('engine', 'torch')} | {r['add_failures']} | "
+                     f"{load['requests']:,} | {load['failed']} | {load['p50_ms']:.1f} | {load['p99_ms']:.1f} | "
+                     f"{r['post_ms_p50']:.1f} | {r['post_ms_p99']:.1f} | {r['visible_s_p50'] * 1e3:.1f} | "
+                     f"{r['visible_s_max'] * 1e3:.1f} | {r['visible_within_1s']:,} of {r['added']:,} |")
+    lines += ["",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():

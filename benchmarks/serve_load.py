@@ -8,7 +8,8 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
     live        1,000 items added by text (POST /items, one each, encoded by the packaged MiniLM)
                 to a UniSRec service while /recommend load runs at concurrency 8: failed requests,
                 and the time from each POST until the item is returned by the index (GET /similar of
-                the catalogue item whose text it copies: the same text is the same vector)
+                the catalogue item whose text it copies: the same text is the same vector); exact
+                top-k with PyTorch, and the IVF index with the onnx engine
     sessions    time per session event with the KV cache against re-encoding the history, at
                 history length 10, 50 and 200 (in process, 1 thread, exact top-10 over 100k items),
                 and the model's part alone (one cached step against encoding the whole history)
@@ -18,12 +19,14 @@ with 1 torch thread so that the load generator has the other core.
 
     python benchmarks/serve_load.py            # -> benchmarks/results/serve_load.json
     python benchmarks/serve_load.py --tiny     # seconds; what the test suite runs
+    python benchmarks/serve_load.py --parts live   # one part again, the others kept from the file
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -119,6 +122,9 @@ class Server:
 
 # /recommend rows: (label, --index, --engine)
 ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine", "ivf", "onnx"))
+# live-catalogue rows (UniSRec): results key, --index, --engine
+LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
+PARTS = ("recommend", "live", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -174,12 +180,13 @@ async def _live(port: int, n_items: int, titles: list[str], n_add: int, n_reques
             "load_during_adds": result}
 
 
-def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float
-               ) -> dict[str, Any]:
-    server = Server(run, WORK / "serve" / "live.log")
+def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float,
+               index: str = "exact", engine: str = "torch") -> dict[str, Any]:
+    server = Server(run, WORK / "serve" / f"live-{index}-{engine}.log", index=index, engine=engine)
     try:
-        out = asyncio.run(_live(server.port, n_items, titles, n_add, n_requests, cap))
-        print(f"live catalogue: {out}", flush=True)
+        out = {"index": index, "engine": engine, **asyncio.run(_live(server.port, n_items, titles, n_add,
+                                                                     n_requests, cap))}
+        print(f"live catalogue ({index}, {engine}): {out}", flush=True)
         return out
     finally:
         server.stop()
@@ -230,6 +237,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a 2,000-item catalogue and a few requests (seconds)")
     p.add_argument("--out", type=Path, help="results file (default benchmarks/results/serve_load[_tiny].json)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="what to measure; the others are kept from the results file")
     args = p.parse_args()
     n_items = 2_000 if args.tiny else 100_000
     n_requests, cap = (200, 20.0) if args.tiny else (4_000, 60.0)
@@ -237,16 +246,22 @@ def main() -> None:
     work = WORK / "serve"
     titles = real_titles(50 if args.tiny else 1_000)
     sasrec_run, unisrec_run = work / f"sasrec-{n_items}", work / f"unisrec-{n_items}"
-    build_sasrec(sasrec_run, n_items, 50)
-    build_unisrec(unisrec_run, n_items, titles)
-    results = {"machine": machine(), "n_items": n_items, "tiny": args.tiny,
-               "setup": "seqrec serve, 1 torch thread, top-10 from the index named in each row; loopback load "
-                        "generator (benchmarks/loadgen.py)",
-               "recommend": {name: bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine)
-                             for name, index, engine in ROWS},
-               "live": bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0),
-               "sessions": bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200), 3 if args.tiny else 20)}
     out = args.out or RESULTS / ("serve_load_tiny.json" if args.tiny else "serve_load.json")
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    results.update({"machine": machine(), "n_items": n_items, "tiny": args.tiny,
+                    "setup": "seqrec serve, 1 torch thread, top-10 from the index named in each row; loopback "
+                             "load generator (benchmarks/loadgen.py)"})
+    if "recommend" in args.parts:
+        build_sasrec(sasrec_run, n_items, 50)
+        results["recommend"] = {name: bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine)
+                                for name, index, engine in ROWS}
+    if "live" in args.parts:
+        build_unisrec(unisrec_run, n_items, titles)
+        for key, index, engine in LIVE_ROWS:
+            results[key] = bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0, index, engine)
+    if "sessions" in args.parts:
+        results["sessions"] = bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200),
+                                             3 if args.tiny else 20)
     write_result(out, results)
     print(f"-> {out}")
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import torch
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.serve.ann import INDEX_KINDS, FaissRetriever, Retriever, build_retriever
+from tests.bench_helpers import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 ANN_KINDS = ("hnsw", "ivf")
@@ -237,9 +235,7 @@ def test_bad_arguments_are_errors() -> None:
 
 def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     out = tmp_path / "retrieval.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retrieval.py"), "--tiny", "--out", str(out)],
-                   check=True, cwd=ROOT, env=env, capture_output=True, timeout=300)
+    run_benchmark("retrieval.py", "--tiny", "--out", str(out))
     result = json.loads(out.read_text())
     cat = result["catalogues"]["synthetic"]
     assert set(cat["kinds"]) == set(INDEX_KINDS) and {key.split()[0] for key in cat["sweep"]} == set(ANN_KINDS)

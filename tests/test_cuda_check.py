@@ -4,7 +4,6 @@ device whose ranks differ from the CPU path's."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,13 +15,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cuda_check  # noqa: E402
 
+from tests.bench_helpers import run_benchmark  # noqa: E402
+
 
 def test_ranking_section_tiny_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "cuda_check.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cuda_check.py"), "--tiny", "--device", "cpu",
-                           "--only", "peak,ranking", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_benchmark("cuda_check.py", "--tiny", "--device", "cpu", "--only", "peak,ranking", "--out", str(out))
     result = json.loads(out.read_text())
     assert result["peak"]["fp32_tflops"] > 0
     for case in result["ranking"]["equal_to_cpu"].values():  # the same device: the same ranks
@@ -39,6 +37,5 @@ def test_boundary_margin_finds_planted_ties() -> None:
 def test_a_cuda_request_without_a_gpu_is_refused() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cuda_check.py"), "--only", "ranking"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    done = run_benchmark("cuda_check.py", "--only", "ranking", timeout=120, ok=False)
     assert done.returncode != 0 and "no CUDA device" in done.stderr

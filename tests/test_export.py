@@ -17,7 +17,9 @@ from seqrec.errors import SeqrecError
 from seqrec.registry import MODELS
 from seqrec.serve import Recommender
 from seqrec.serve.export import export_run, verify_export
+from seqrec.serve.recommender import Recommendation
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
+from tests.serve_helpers import train_tiny_runs
 from tests.test_models import make
 
 ort = pytest.importorskip("onnxruntime")
@@ -70,7 +72,10 @@ def onnx_top_k(export: Path, histories: list[list[int]], k: int) -> tuple[np.nda
     for row, h in enumerate(histories):
         tail = h[-max_len:]
         items[row, width - len(tail):] = tail
-    outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"items": items}), strict=True))
+    feeds = {"items": items}
+    if "item_inputs" in tensors:  # a text model's encoder reads the item table (grown by items added by text)
+        feeds["item_inputs"] = tensors["item_inputs"]
+    outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     scores = outputs["state"] @ tensors["item_vectors"].T
     if "item_bias" in tensors:
         scores = scores + tensors["item_bias"]
@@ -112,8 +117,11 @@ def test_onnx_matches_pytorch(name: str, extra: dict[str, Any], tiny_dataset: Pr
     ckpt = trained_checkpoint(name, extra, tiny_dataset, tmp_path / "run" / "checkpoint")
     manifest = export_run(tmp_path / "run", tmp_path / "export")
     out = tmp_path / "export"
-    assert sorted(p.name for p in out.iterdir()) == ["encoder.onnx", "items.parquet", "items.safetensors",
+    text = ["adaptor.onnx"] if name == "unisrec" else []
+    assert sorted(p.name for p in out.iterdir()) == [*text, "encoder.onnx", "items.parquet", "items.safetensors",
                                                      "manifest.json"]
+    assert [i["name"] for i in manifest["encoder"]["inputs"]] == ["items"] + (["item_inputs"] if text else [])
+    assert ("text" in manifest) == bool(text)
     assert manifest == json.loads((out / "manifest.json").read_text()) == verify_export(out)
     assert manifest["model"] == name and manifest["max_len"] == MAX_LEN and manifest["n_items"] == 30
     assert manifest["exporter"] in ("dynamo", "torchscript") and manifest["opset"] >= 11
@@ -224,6 +232,76 @@ def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> 
     ckpt = trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "ckpt")
     with pytest.raises(SeqrecError, match="unknown engine"):
         Recommender.from_run(ckpt, engine="tensorrt")
-    text = trained_checkpoint("unisrec", {}, tiny_dataset, tmp_path / "text")
-    with pytest.raises(SeqrecError, match="takes new items by text"):
-        Recommender.from_run(text, engine="onnx")
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny UniSRec run trained through the CLI with a tiny local text encoder (items take text)."""
+    return train_tiny_runs(tmp_path_factory.mktemp("text-run"), ("unisrec",))["unisrec"]
+
+
+NEW_ITEMS = {"n1": "red glue", "n2": "large green saw tool", "n3": "small blue tape"}
+
+
+def test_text_model_export_takes_items_added_by_text(text_run: Path, tmp_path: Path) -> None:
+    """Items added after the export, by the manifest's recipe (the run's text encoder, then adaptor.onnx,
+    rows appended to both tables), score and encode as `Recommender.add_items` makes them in PyTorch."""
+    from seqrec.data.text import TextOptions, encode_texts
+
+    manifest = export_run(text_run, tmp_path / "export")
+    out = tmp_path / "export"
+    rec = Recommender.from_run(text_run)
+    rec.add_items(NEW_ITEMS)
+    enc = manifest["text"]["encoder"]
+    options = TextOptions(encoder=enc["name"], revision=enc["revision"], pooling=enc["pooling"],
+                          max_length=enc["max_length"], template=enc["template"])
+    text = encode_texts(list(NEW_ITEMS.values()), options).numpy()
+    adaptor = ort.InferenceSession(str(out / "adaptor.onnx"), providers=["CPUExecutionProvider"])
+    inputs, vectors = adaptor.run(None, {"text": text})
+    new = torch.tensor(rec.to_indices(list(NEW_ITEMS)))
+    assert new.tolist() == list(range(manifest["n_items"] + 1, manifest["n_items"] + 4))
+    np.testing.assert_allclose(vectors, rec.catalogue.vectors[new].numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(inputs, rec.model.input_table(new).detach().numpy(), rtol=0, atol=1e-5)
+    tensors = safetensors_numpy.load_file(str(out / "items.safetensors"))
+    table = np.concatenate([tensors["item_inputs"], inputs])
+    item_vectors = np.concatenate([tensors["item_vectors"], vectors])
+    encoder = ort.InferenceSession(str(out / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    raw = rec.catalogue.raw_ids
+    histories = [["n1", raw[3], "n3"], [raw[0], raw[5], raw[2], "n2"], ["n2"]]
+    for history in histories:
+        items = np.array([rec.to_indices(history)], dtype=np.int64)
+        outputs = encoder.run(None, {"items": items, "item_inputs": table})
+        scores = (outputs[0] @ item_vectors.T)[0]
+        if len(outputs) > 1:  # the history offsets (the run learned a history bias)
+            np.add.at(scores, items[0], outputs[1][0])
+        scores[0] = -np.inf
+        top = np.argsort(-scores, kind="stable")[:10]
+        assert_same_ranking(rec.recommend(history, k=10), [Recommendation(raw[i - 1], scores[i]) for i in top])
+
+
+def test_onnx_engine_serves_a_text_model_as_its_catalogue_grows(text_run: Path) -> None:
+    """The ONNX engine keeps a text model's item table beside the catalogue: items added (or re-texted)
+    while it serves are encoded and ranked exactly as PyTorch does."""
+    torch_rec, onnx_rec = Recommender.from_run(text_run), Recommender.from_run(text_run, engine="onnx")
+    assert onnx_rec._onnx is not None and onnx_rec._onnx._table is not None
+    raw = torch_rec.catalogue.raw_ids
+    histories = [[raw[1], raw[4]], [raw[7], raw[2], raw[9], raw[11]]]
+    for batch in ([], NEW_ITEMS, {raw[4]: "large green saw tool", "n4": "glue of the item"}):
+        if batch:
+            torch_rec.add_items(batch)
+            onnx_rec.add_items(batch)
+            histories += [[*histories[0], *batch]]
+        for history in histories:
+            assert_same_ranking(torch_rec.recommend(history, k=10), onnx_rec.recommend(history, k=10))
+    assert onnx_rec._onnx._table.shape[0] == onnx_rec.n_items + 1
+
+
+def assert_same_ranking(a: list[Any], b: list[Any], tol: float = 1e-4) -> None:
+    """The same scores, and the same item at every rank whose score is not tied (within `tol`) with
+    another's: the tiny encoder gives many items the same text vector (their titles differ in digits
+    it does not know), and tied items come in either order."""
+    np.testing.assert_allclose([r.score for r in a], [r.score for r in b], atol=tol)
+    scores = np.array([r.score for r in a])
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if np.sum(np.abs(scores - scores[i]) <= tol) == 1:
+            assert x.item == y.item, f"rank {i}: {x.item} != {y.item}"

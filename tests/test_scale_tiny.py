@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_helpers import run_benchmark
 
 
 def test_scale_benchmark_tiny_mode() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--tiny"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_benchmark("scale.py", "--tiny")
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert row["interactions"] == 20_000 and row["prepare"]["total_s"] > 0 and row["prepare"]["peak_rss_mb"] > 0
     assert row["epoch"]["targets"] > 0 and row["epoch"]["epoch_targets"] > 0
@@ -22,10 +18,7 @@ def test_scale_benchmark_tiny_mode() -> None:
 
 def test_step_profile_tiny(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_profile.py"), "--sizes", "20000",
-                           "--steps", "2", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_benchmark("step_profile.py", "--sizes", "20000", "--steps", "2", "--out", str(out))
     dense, sparse = json.loads(out.read_text())["rows"]  # the same size with dense, then sparse table gradients
     assert (dense["sparse_items"], sparse["sparse_items"]) == (False, True) and dense["items"] == sparse["items"] > 0
     for row in (dense, sparse):

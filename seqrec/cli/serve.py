@@ -137,7 +137,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--engine", choices=["torch", "onnx"], default="torch",
                    help="what encodes histories: the PyTorch model, or its encoder exported to ONNX and run by "
-                        "ONNX Runtime (ID models on the CPU; fewer microseconds per request)")
+                        "ONNX Runtime (on the CPU, models without side features; fewer microseconds per request)")
     s.add_argument("--max-sessions", type=int, default=10_000)
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")

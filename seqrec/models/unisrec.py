@@ -154,34 +154,58 @@ class UniSRec(SequentialModel):
         """Text vectors as the adaptor sees them: less the catalogue's mean with model.text_centre."""
         return text if self.text_mean is None else text - self.text_mean
 
-    def embed_items(self, ids: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
-        """(...) item ids -> (..., D) adapted vectors; the adaptor runs once per distinct item."""
+    def text_inputs(self, text_emb: torch.Tensor) -> torch.Tensor:
+        """(n, D_text) text vectors -> (n, D) what the adaptor makes of them: the whole input vector of an
+        item known only by its text (an added item has no ID vector)."""
+        return self.adaptor(self.centred(text_emb))
+
+    def scored(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Input vectors (..., D) -> the output vectors states are scored against: cos / τ."""
+        return F.normalize(inputs, dim=-1) / self.config.temperature
+
+    def embed_items(self, ids: torch.Tensor, text: torch.Tensor | None = None,
+                    table: torch.Tensor | None = None) -> torch.Tensor:
+        """(...) item ids -> (..., D) adapted vectors; the adaptor runs once per distinct item.
+        `table` (N+1, D): rows of `input_table()` computed before, gathered instead."""
+        if table is not None:
+            return table[ids]
         uniq, inverse = torch.unique(ids, return_inverse=True)
-        v = self.adaptor(self.centred((self.text_emb if text is None else text)[uniq]))
+        v = self.text_inputs((self.text_emb if text is None else text)[uniq])
         if self.item_emb is not None:
             v = v + self.item_emb(uniq)
         v = v * (uniq != 0).unsqueeze(-1)  # padding is the zero vector
         return v[inverse]
 
     def hidden(self, items: torch.Tensor, text: torch.Tensor | None = None,
-               events: dict[str, torch.Tensor] | None = None, last_only: bool = False) -> torch.Tensor:
+               events: dict[str, torch.Tensor] | None = None, last_only: bool = False,
+               table: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L) left-padded items -> (B, L, D) causal states (`last_only`: (B, 1, D), the last alone);
-        `text` swaps in another view of the text."""
+        `text` swaps in another view of the text, `table` the item vectors of `input_table()`."""
         positions = position_ids(items, self.max_len, align=self.config.positions_from)
-        return self.encoder(self.inputs(items, positions, text, events), attention_mask(items, causal=True),
+        return self.encoder(self.inputs(items, positions, text, events, table), attention_mask(items, causal=True),
                             last_only)
 
     def inputs(self, items: torch.Tensor, positions: torch.Tensor, text: torch.Tensor | None = None,
-               events: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+               events: dict[str, torch.Tensor] | None = None, table: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L) items at the given positions -> (B, L, D) Transformer inputs (0 at padding)."""
-        x = self.embed_items(items, text)
+        x = self.embed_items(items, text, table)
         if self.feature_block is not None:
             x = self.feature_block(x, items, events)
         x = x + self.pos_emb(positions)
         return self.drop(self.in_ln(x)) * (items != 0).unsqueeze(-1)
 
-    def encode(self, batch: Batch) -> torch.Tensor:
-        return F.normalize(self.hidden(batch.items, events=batch.events, last_only=True)[:, -1], dim=-1)  # (B, D)
+    def encode(self, batch: Batch, table: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, D) states; `table`: every item's input vector computed before (`input_table`), which an
+        exported encoder takes as an input so that items added by text reach it."""
+        hidden = self.hidden(batch.items, events=batch.events, last_only=True, table=table)
+        return F.normalize(hidden[:, -1], dim=-1)  # (B, D)
+
+    def input_table(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(N+1, D) the vector each item enters the sequence encoder with (its adapted text, plus its ID
+        vector when transductive; row 0, padding, is zero); `ids`: those rows only."""
+        if ids is None:
+            ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
+        return self.embed_items(ids)
 
     def can_extend(self) -> bool:
         return self.config.positions_from == "start" and self.feature_block is None
@@ -216,11 +240,10 @@ class UniSRec(SequentialModel):
         return out
 
     def item_embeddings(self) -> torch.Tensor:
-        ids = torch.arange(self.n_items + 1, device=self.text_emb.device)
-        return F.normalize(self.embed_items(ids), dim=-1) / self.config.temperature  # cos / τ
+        return self.scored(self.input_table())
 
     def item_vectors(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.embed_items(ids), dim=-1) / self.config.temperature
+        return self.scored(self.input_table(ids))
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """Softmax cross-entropy of cos(h, v) / τ over the catalogue (`softmax_items`), at every position

@@ -1,10 +1,14 @@
 """Export a trained run for serving outside Python: an ONNX sequence encoder plus the item table.
 
     encoder.onnx        items (B, L) int64, left-padded (0 = PAD), L <= max_len
+                        [+ item_inputs (N+1, D) float32, text models: every item's input vector]
                         -> state (B, D) float32          = model.encode(Batch(items))
                         [-> history_offsets (B, L) float32, only for models with a learned history bias]
     items.safetensors   item_vectors (N+1, D) float32 = model.item_embeddings()  (row 0: padding)
                         [item_bias (N+1,) float32      = model.item_bias(), when the model has one]
+                        [item_inputs (N+1, D) float32  = model.input_table(), text models]
+    adaptor.onnx        text models: text (n, D_text) -> item_inputs (n, D), item_vectors (n, D) of
+                        items added by text after the export (manifest "text" says how)
     items.parquet       the checkpoint's item table (idx -> raw id, title, ...)
     manifest.json       model, config, shapes, the scoring rule, opset, exporter, raw ids by index,
                         and the sha256 and size of every other file
@@ -18,7 +22,8 @@ The scores of `Recommender.recommend` are reproduced exactly by
 The exporter is torch.export-based (`dynamo=True`) first; when it cannot trace a model (GRU4Rec's
 packed sequences) or its graph does not reproduce PyTorch, the TorchScript exporter is tried. Every
 candidate is checked with `onnx.checker` and, when onnxruntime is installed, against PyTorch on a few
-batches of other shapes (max abs difference `ATOL`); the manifest names the exporter that passed.
+batches of other shapes (text models: also on an item table grown after the export; max abs difference
+`ATOL`); the manifest names the exporter that passed.
 Models with side features (event or item features) are not exported yet.
 """
 
@@ -51,6 +56,7 @@ log = logging.getLogger(__name__)
 FORMATS = ("onnx",)
 EXPORTERS = ("dynamo", "torchscript")
 ATOL = 1e-4  # max |ONNX - PyTorch| accepted on the self-check batches
+DIM_MIN = {"N": 2}  # the item table has padding and at least one item
 INLINE_LIMIT = 1 << 30  # weights above this many bytes go to encoder.onnx.data (protobuf stops at 2 GiB)
 MANIFEST = "manifest.json"
 QUIET_LOGGERS = ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")
@@ -62,21 +68,66 @@ SCORING = (
     "The top-k indices map to raw ids through item_ids (index i -> item_ids[i])."
 )
 
+TEXT_ITEMS = (
+    "A text model takes new items by text without retraining: encode each new item's text with the text "
+    "encoder named here (its settings, no normalisation), run adaptor.onnx on the vectors, append its "
+    "item_inputs rows to item_inputs (the encoder's input) and its item_vectors rows to item_vectors; the new "
+    "items take the next indices N+1, N+2, ... in items and in the scores."
+)
+
 
 class EncoderForExport(nn.Module):
-    """The model's `encode` (and history offsets) as a function of the item tensor alone."""
+    """The model's `encode` (and history offsets) as a function of the item tensor alone; for text
+    models, of the items and the table of every item's input vector (`item_inputs`), so that an
+    exported encoder sees items added by text after the export."""
 
     model: SequentialModel
 
     def __init__(self, model: SequentialModel, n_items: int, max_len: int) -> None:
         super().__init__()
         self.model, self.n_items, self.max_len = model, n_items, max_len
+        self.takes_table = takes_table(model)
 
-    def forward(self, items: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        state = self.model.encode(Batch(items=items)).float()  # (B, D)
+    def forward(self, items: torch.Tensor, item_inputs: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        batch = Batch(items=items)
+        state = (self.model.encode(batch) if item_inputs is None
+                 else self.model.encode(batch, table=item_inputs)).float()  # type: ignore[call-arg]  # (B, D)
         if self.model.history is None:
             return state
         return state, self.model.history.offsets(items).float()  # (B, L)
+
+    def input_names(self) -> list[str]:
+        return ["items", "item_inputs"] if self.takes_table else ["items"]
+
+    def example(self, batch: int, width: int, seed: int = 0, extra: int = 0) -> tuple[torch.Tensor, ...]:
+        """Inputs of the given shape; text models' table grown by `extra` random rows, which the items use."""
+        if not self.takes_table:
+            return (example_items(self.n_items, batch, width, seed),)
+        items = example_items(self.n_items + extra, batch, width, seed)
+        with torch.no_grad():
+            table = self.model.input_table().float()  # type: ignore[operator]
+        grown = torch.randn(extra, table.shape[1], generator=torch.Generator().manual_seed(seed))
+        return items, torch.cat([table, grown])
+
+
+class AdaptorForExport(nn.Module):
+    """A text model's item side for items added after the export: text vectors (n, D_text) from the run's
+    text encoder -> their input vectors (rows to append to `item_inputs`) and output vectors (rows to
+    append to `item_vectors`)."""
+
+    def __init__(self, model: SequentialModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.model.text_inputs(text).float()  # type: ignore[operator]
+        return inputs, self.model.scored(inputs).float()  # type: ignore[operator]
+
+
+def takes_table(model: SequentialModel) -> bool:
+    """Whether the model's items enter its encoder as a table of vectors that can grow (text models)."""
+    return hasattr(model, "input_table")
 
 
 def checkpoint_dir(run: Path) -> Path:
@@ -118,29 +169,32 @@ def quiet_exporter() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def export_onnx(wrapper: EncoderForExport, path: Path, exporter: str, opset: int | None) -> None:
-    """Write `wrapper` to `path` with one exporter; B and L (up to max_len) are dynamic."""
-    names = output_names(wrapper.model)
-    width = wrapper.max_len
-    example = example_items(wrapper.n_items, 2, width)
+def export_onnx(wrapper: nn.Module, path: Path, exporter: str, opset: int | None, example: tuple[torch.Tensor, ...],
+                input_names: list[str], output_names: list[str], dims: list[dict[int, str]]) -> None:
+    """Write `wrapper` to `path` with one exporter; `dims` names the dynamic axes of each input (for
+    dynamo, with their bounds in `DIM_MIN` / `wrapper.max_len`), outputs follow from them."""
     with quiet_exporter(), torch.no_grad():
         if exporter == "dynamo":
-            length = torch.export.Dim("L", min=1, max=width) if width >= 2 else None
-            shapes = ({0: torch.export.Dim("B", min=1), 1: length},)
+            bounds = {"L": (1, getattr(wrapper, "max_len", None))}
+
+            def dim(name: str) -> Any:
+                low, high = bounds.get(name, (DIM_MIN.get(name, 1), None))
+                return None if high is not None and high < 2 else torch.export.Dim(name, min=low, max=high)
+
+            shapes = tuple({axis: dim(name) for axis, name in d.items()} for d in dims)
             size = sum(t.numel() * t.element_size() for t in (*wrapper.parameters(), *wrapper.buffers()))
-            torch.onnx.export(wrapper, (example,), str(path), input_names=["items"], output_names=names,
+            torch.onnx.export(wrapper, example, str(path), input_names=input_names, output_names=output_names,
                               opset_version=opset, dynamo=True, dynamic_shapes=shapes, verbose=False,
                               external_data=size > INLINE_LIMIT)
         else:
-            axes: dict[str, dict[int, str]] = {"items": {0: "B", 1: "L"}, "state": {0: "B"}}
-            if "history_offsets" in names:
-                axes["history_offsets"] = {0: "B", 1: "L"}
-            torch.onnx.export(wrapper, (example,), str(path), input_names=["items"], output_names=names,
+            axes = dict(zip(input_names, dims, strict=True))
+            torch.onnx.export(wrapper, example, str(path), input_names=input_names, output_names=output_names,
                               opset_version=opset, dynamo=False, dynamic_axes=axes, verbose=False)
 
 
-def check_onnx(path: Path, wrapper: EncoderForExport) -> None:
-    """onnx.checker, then ONNX Runtime against PyTorch on batches of several shapes (when installed)."""
+def check_onnx(path: Path, wrapper: nn.Module, examples: list[tuple[torch.Tensor, ...]], input_names: list[str],
+               output_names: list[str]) -> None:
+    """onnx.checker, then ONNX Runtime against PyTorch on the example inputs (when installed)."""
     import onnx
 
     onnx.checker.check_model(str(path), full_check=True)
@@ -150,39 +204,59 @@ def check_onnx(path: Path, wrapper: EncoderForExport) -> None:
         log.warning("onnxruntime is not installed: %s is not compared with PyTorch", path.name)
         return
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    max_len = wrapper.max_len
-    shapes = [(2, max_len), (1, 1), (3, min(2, max_len)), (5, max(1, max_len - 1))]
-    for seed, (batch, width) in enumerate(shapes):
-        items = example_items(wrapper.n_items, batch, width, seed=seed + 1)
+    for example in examples:
         with torch.no_grad():
-            ref = wrapper(items)
+            ref = wrapper(*example)
         refs = ref if isinstance(ref, tuple) else (ref,)
-        got = session.run(None, {"items": items.numpy()})
-        for name, r, g in zip(output_names(wrapper.model), refs, got, strict=True):
+        got = session.run(None, {n: t.numpy() for n, t in zip(input_names, example, strict=True)})
+        shapes = " ".join(str(tuple(t.shape)) for t in example)
+        for name, r, g in zip(output_names, refs, got, strict=True):
             if g.shape != tuple(r.shape) or not np.allclose(g, r.numpy(), rtol=0.0, atol=ATOL):
                 diff = float(np.abs(g - r.numpy()).max()) if g.shape == tuple(r.shape) else float("nan")
-                raise ValueError(f"{name} differs from PyTorch on a ({batch}, {width}) batch "
+                raise ValueError(f"{name} differs from PyTorch on inputs {shapes} "
                                  f"(shape {g.shape}, max abs difference {diff:.3g})")
 
 
-def write_encoder(wrapper: EncoderForExport, path: Path, opset: int | None) -> str:
-    """encoder.onnx from the first exporter whose graph passes `check_onnx`; returns its name."""
-    model = wrapper.model
+def write_graph(wrapper: nn.Module, path: Path, opset: int | None, example: tuple[torch.Tensor, ...],
+                checks: list[tuple[torch.Tensor, ...]], input_names: list[str], output_names: list[str],
+                dims: list[dict[int, str]], what: str) -> str:
+    """`path` from the first exporter whose graph passes `check_onnx`; returns its name."""
     failures = []
     for exporter in EXPORTERS:
         try:
-            export_onnx(wrapper, path, exporter, opset)
-            check_onnx(path, wrapper)
+            export_onnx(wrapper, path, exporter, opset, example, input_names, output_names, dims)
+            check_onnx(path, wrapper, checks, input_names, output_names)
         except Exception as exc:  # any exporter failure: try the next one, say why if none works
-            log.debug("%s exporter failed on %s", exporter, model.name, exc_info=True)
+            log.debug("%s exporter failed on %s", exporter, what, exc_info=True)
             reason = str(exc).strip().splitlines()
             failures.append(f"{exporter}: {type(exc).__name__}: {reason[0] if reason else ''}"[:300])
             for stale in path.parent.glob(f"{path.name}*"):  # the model and any external data file
                 stale.unlink()
             continue
-        log.info("exported %s with the %s exporter", model.name, exporter)
+        log.info("exported %s with the %s exporter", what, exporter)
         return exporter
-    raise SeqrecError(f"could not export {model.name} to ONNX ({'; '.join(failures)}); run with -v for details")
+    raise SeqrecError(f"could not export {what} to ONNX ({'; '.join(failures)}); run with -v for details")
+
+
+def write_encoder(wrapper: EncoderForExport, path: Path, opset: int | None) -> str:
+    """encoder.onnx (B and L dynamic, L <= max_len; a text model's table rows N too), checked against
+    PyTorch on batches of several shapes and, for text models, on a table grown after the export."""
+    width = wrapper.max_len
+    shapes = [(2, width, 0), (1, 1, 0), (3, min(2, width), 3), (5, max(1, width - 1), 7)]
+    checks = [wrapper.example(b, w, seed=i + 1, extra=extra) for i, (b, w, extra) in enumerate(shapes)]
+    dims = [{0: "B", 1: "L"}, {0: "N"}][: len(wrapper.input_names())]
+    return write_graph(wrapper, path, opset, wrapper.example(2, width), checks, wrapper.input_names(),
+                       output_names(wrapper.model), dims, wrapper.model.name)
+
+
+def write_adaptor(model: SequentialModel, path: Path, opset: int | None) -> str:
+    """adaptor.onnx: a text model's new items, from text vectors to input and output vectors."""
+    g = torch.Generator().manual_seed(0)
+    config: Any = model.config
+    examples: list[tuple[torch.Tensor, ...]] = [(torch.randn(n, int(config.text_dim), generator=g),)
+                                                for n in (3, 1, 17)]
+    return write_graph(AdaptorForExport(model).eval(), path, opset, examples[0], examples,
+                       ["text"], ["item_inputs", "item_vectors"], [{0: "n"}], f"the {model.name} text adaptor")
 
 
 def onnx_opset(path: Path) -> int:
@@ -199,14 +273,20 @@ def write_items(model: SequentialModel, path: Path) -> dict[str, list[int]]:
         bias = model.item_bias()
         if bias is not None:
             tensors["item_bias"] = bias.detach().float().contiguous().cpu()
+        if takes_table(model):
+            tensors["item_inputs"] = model.input_table().detach().float().contiguous().cpu()  # type: ignore[operator]
     save_file(tensors, str(path))
     return {k: list(v.shape) for k, v in tensors.items()}
 
 
 def interface(wrapper: EncoderForExport, d: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(inputs, outputs) of encoder.onnx: name, dtype, shape (symbolic dims by letter)."""
-    inputs = [{"name": "items", "dtype": "int64", "shape": ["B", "L"],
-               "doc": f"item indices, left-padded with 0, 1 <= L <= {wrapper.max_len}"}]
+    inputs: list[dict[str, Any]] = [{"name": "items", "dtype": "int64", "shape": ["B", "L"],
+                                     "doc": f"item indices, left-padded with 0, 1 <= L <= {wrapper.max_len}"}]
+    if wrapper.takes_table:
+        inputs.append({"name": "item_inputs", "dtype": "float32", "shape": ["N", d],
+                       "doc": "every item's input vector (items.safetensors item_inputs, with the rows of items "
+                              "added since: see text)"})
     outputs = [{"name": "state", "dtype": "float32", "shape": ["B", d],
                 "doc": "the state that predicts the next item"}]
     if wrapper.model.history is not None:
@@ -236,6 +316,24 @@ def build_manifest(wrapper: EncoderForExport, meta: dict[str, Any], exporter: st
     }
 
 
+def text_section(model: SequentialModel, exporter: str) -> dict[str, Any]:
+    """How a text model's export takes new items: the text encoder's settings and adaptor.onnx."""
+    config: Any = model.config
+    options, d, text_dim = config.text_options(), int(config.d), int(config.text_dim)
+    return {
+        "encoder": {"name": options.encoder, "revision": options.revision, "pooling": options.pooling,
+                    "max_length": options.max_length, "template": options.template, "dim": text_dim},
+        "adaptor": {"file": "adaptor.onnx", "exporter": exporter,
+                    "inputs": [{"name": "text", "dtype": "float32", "shape": ["n", text_dim],
+                                "doc": "the new items' text vectors from the encoder above (not normalised)"}],
+                    "outputs": [{"name": "item_inputs", "dtype": "float32", "shape": ["n", d],
+                                 "doc": "rows to append to item_inputs"},
+                                {"name": "item_vectors", "dtype": "float32", "shape": ["n", d],
+                                 "doc": "rows to append to item_vectors"}]},
+        "adding_items": TEXT_ITEMS,
+    }
+
+
 def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = None) -> dict[str, Any]:
     """Export the checkpoint of `run` (a run or checkpoint folder) into the folder `dest`, replaced
     atomically; returns the manifest (also written as dest/manifest.json)."""
@@ -258,6 +356,8 @@ def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = 
         tensors = write_items(model, tmp / "items.safetensors")
         shutil.copyfile(ckpt / "items.parquet", tmp / "items.parquet")
         manifest = build_manifest(wrapper, meta, exporter, onnx_opset(tmp / "encoder.onnx"), tensors, item_ids)
+        if wrapper.takes_table:
+            manifest["text"] = text_section(model, write_adaptor(model, tmp / "adaptor.onnx", opset))
         manifest["files"] = folder_digests(tmp, skip=(MANIFEST,))
         (tmp / MANIFEST).write_text(_dumps(manifest))
     log.info("wrote %s (%s, opset %d, %s exporter)", dest, model.name, manifest["opset"], exporter)

@@ -57,7 +57,7 @@ class Recommender:
     def __init__(self, model: SequentialModel, items: pl.DataFrame, max_len: int, index: str = "exact",
                  **index_options: Any) -> None:
         self.model, self.max_len = model.eval(), max_len
-        self._onnx: Any = None  # an ONNX Runtime session of the encoder (`use_engine("onnx")`), or None
+        self._onnx: OnnxEncoder | None = None  # the encoder in ONNX Runtime (`use_engine("onnx")`), or None
         items = items.sort("idx")
         titles = items["title"].cast(pl.Utf8).to_list() if "title" in items.columns else [None] * items.height
         with torch.no_grad():
@@ -89,21 +89,18 @@ class Recommender:
         to ONNX (`seqrec.serve.export`, checked against PyTorch when it is written) and run by ONNX
         Runtime on the CPU, with as many threads as torch has. ONNX Runtime costs a fraction of
         PyTorch's per-operator overhead on small batches and runs without holding Python's GIL, so a
-        service answers more requests per core. Sessions (KV cache) and top-k stay in PyTorch. Not for
-        text models (their catalogue grows, an exported encoder's item table does not) nor models
-        with side features, nor a model on a GPU."""
+        service answers more requests per core. Sessions (KV cache) and top-k stay in PyTorch. Text
+        models keep taking items by text: the exported encoder reads a table of item input vectors
+        that grows with the catalogue. Not for models with side features, nor a model on a GPU."""
         if engine == "torch":
             self._onnx = None
             return
         if engine != "onnx":
             raise SeqrecError(f"unknown engine {engine!r}: torch or onnx")
-        if self.takes_text:
-            raise SeqrecError(f"the onnx engine serves ID models; {self.model.name} takes new items by text, "
-                              "which an exported encoder cannot see: use --engine torch")
         if self.catalogue.vectors.device.type != "cpu":
             raise SeqrecError("the onnx engine runs on the CPU; the model is on "
                               f"{self.catalogue.vectors.device}: use --engine torch")
-        self._onnx = _onnx_session(self.model, self.n_items, self.max_len)
+        self._onnx = OnnxEncoder(self.model, self.n_items, self.max_len)
 
     # -- the catalogue -------------------------------------------------------------------------------
 
@@ -155,12 +152,19 @@ class Recommender:
             if known:
                 ids = torch.tensor([cat.index[raws[i]] for i in known], device=device)
                 model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
+                self._set_inputs(ids)
                 cat.replace(ids.tolist(), [values[i] for i in known], model.item_vectors(ids))
             if new:
                 ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
                                    device=device)
+                self._set_inputs(ids)
                 cat.append([raws[i] for i in new], [values[i] for i in new], model.item_vectors(ids), None)
         return [cat.index[raw] for raw in raws]
+
+    def _set_inputs(self, ids: torch.Tensor) -> None:
+        """The ONNX engine's copy of these items' input vectors, after their text changed or they were added."""
+        if self._onnx is not None:
+            self._onnx.set_rows(ids.tolist(), self.model.input_table(ids))  # type: ignore[operator]
 
     def text_encoder(self) -> Any:
         """The run's frozen text encoder, loaded once (a service loads it at start, not on the first item)."""
@@ -208,8 +212,7 @@ class Recommender:
         """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items)."""
         batch = history_batch([list(h) for h in histories], self.max_len, events or None)
         if self._onnx is not None and batch.events is None:
-            state = self._onnx.run(["state"], {"items": batch.items.numpy()})[0]
-            return torch.from_numpy(state), batch
+            return torch.from_numpy(self._onnx(batch.items.numpy())), batch
         batch = batch.to(self.catalogue.vectors.device)
         return self.model.encode(batch), batch
 
@@ -335,20 +338,56 @@ class Recommender:
         return self._results(values[0].tolist(), ids[0].tolist())
 
 
-def _onnx_session(model: SequentialModel, n_items: int, max_len: int) -> Any:
-    """An ONNX Runtime session of `model`'s encoder, exported into a temporary folder."""
-    import tempfile
+class OnnxEncoder:
+    """The model's encoder exported to ONNX and run by ONNX Runtime on the CPU. A text model's exported
+    encoder takes every item's input vector as an input: this keeps that table beside the catalogue
+    (`set_rows` as items are added or replaced), in a buffer with room to grow, so that ONNX Runtime
+    reads it in place."""
 
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
-    from seqrec.serve.export import EncoderForExport, write_encoder
+    def __init__(self, model: SequentialModel, n_items: int, max_len: int) -> None:
+        import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
-        path = Path(tmp) / "encoder.onnx"
-        write_encoder(EncoderForExport(model, n_items, max_len), path, None)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
+        from seqrec.serve.export import EncoderForExport, write_encoder
+
+        wrapper = EncoderForExport(model, n_items, max_len)
+        with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
+            path = Path(tmp) / "encoder.onnx"
+            write_encoder(wrapper, path, None)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._table: np.ndarray | None = None  # rows 0..N of a buffer that may be longer (one reference: atomic)
+        if wrapper.takes_table:
+            with torch.no_grad():
+                table = model.input_table().float().numpy()  # type: ignore[operator]
+            buffer = np.zeros((2 * len(table), table.shape[1]), np.float32)
+            buffer[: len(table)] = table
+            self._table = buffer[: len(table)]
+
+    def set_rows(self, ids: Sequence[int], rows: torch.Tensor) -> None:
+        """Write the input vectors (n, D) of items `ids` (known ones replaced, new ones appended in index
+        order); requests under way keep the table they started with."""
+        if self._table is None:
+            return
+        table, values = self._table, rows.detach().float().cpu().numpy()
+        n = max(len(table), max(ids) + 1)
+        buffer = table.base if table.base is not None else table
+        if n > len(buffer):  # grow into a new buffer: readers of the old one are not disturbed
+            grown = np.zeros((2 * n, table.shape[1]), np.float32)
+            grown[: len(table)] = table
+            buffer = grown
+        buffer[np.asarray(ids)] = values
+        self._table = buffer[:n]
+
+    def __call__(self, items: np.ndarray) -> np.ndarray:
+        """(B, L) left-padded item indices -> (B, D) states."""
+        feeds = {"items": items}
+        table = self._table
+        if table is not None:
+            feeds["item_inputs"] = table
+        return self.session.run(["state"], feeds)[0]

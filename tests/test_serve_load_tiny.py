@@ -1,0 +1,34 @@
+"""benchmarks/serve_load.py in its tiny mode: the service under bounded loopback load, the live catalogue
+on both engines (a text model served by ONNX Runtime while items are added by text), the sessions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bench_helpers import run_benchmark
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("faiss")
+
+
+def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "serve_load.json"
+    run_benchmark("serve_load.py", "--tiny", "--out", str(out), timeout=600)
+    result = json.loads(out.read_text())
+    assert result["tiny"] and result["n_items"] == 2_000
+    assert set(result["recommend"]) == {"exact", "ivf", "ivf, onnx engine"}
+    for rows in result["recommend"].values():
+        assert set(rows) == {"1", "8", "32"} and all(r["failed"] == 0 and r["ok"] > 0 for r in rows.values())
+    for key, engine in (("live", "torch"), ("live_ivf_onnx", "onnx")):
+        live = result[key]
+        assert live["engine"] == engine and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0
+        assert live["visible_within_1s"] == live["added"] == 20  # every added item found by /similar
+    assert set(result["sessions"]) == {"10", "50"}
+    # parts run again keep the others
+    before = result["sessions"]
+    run_benchmark("serve_load.py", "--tiny", "--out", str(out), "--parts", "sessions")
+    again = json.loads(out.read_text())
+    assert again["recommend"] == result["recommend"] and again["sessions"] != before
