@@ -34,6 +34,12 @@ def recipe_row(dataset: str, history_bias: bool) -> dict:
     return {"run": key, "valid": mine[key]["valid"], "test": mine[key]["test"]}
 
 
+def previous_wall(dataset: str) -> float | None:
+    """The study's wall time from the results file, when only the report is written again."""
+    path = RESULTS / f"tune_{dataset}.json"
+    return json.loads(path.read_text()).get("wall_s") if path.is_file() else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="amazon-scientific-unisrec")
@@ -52,8 +58,10 @@ def main() -> None:
     report = json.loads((out / "trials.json").read_text())
     write_result(RESULTS / f"tune_{args.dataset}.json", {
         "dataset": args.dataset, "machine": machine(), "budget_s": args.budget,
-        "wall_s": None if args.report_only else time.perf_counter() - t0,
-        "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --budget {args.budget:g}",
+        "wall_s": previous_wall(args.dataset) if args.report_only else time.perf_counter() - t0,
+        "threads_per_trial": args.threads,
+        "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --budget {args.budget:g} "
+                   f"--threads {args.threads}",
         "tune": {k: report[k] for k in ("n_trials", "best_trial", "best_run")},
         "states": {s: sum(t["state"] == s for t in report["trials"]) for s in {t["state"] for t in report["trials"]}},
         "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_row(args.dataset, True)})

@@ -14,8 +14,9 @@ TINY = ["--set", "model.d=16", "--set", "data.max_len=8", "--set", "train.progre
         "--set", "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.d_ff=32"]
 
 
-def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec")) -> dict[str, Path]:
-    """Train the named tiny runs under `root`; returns name -> run folder."""
+def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec"), extra: tuple[str, ...] = ()
+                    ) -> dict[str, Path]:
+    """Train the named tiny runs under `root` (`extra`: more arguments for each); returns name -> run folder."""
     data = prepare(synthetic_log(), PrepareOptions(), root / "data").path
     specs = {
         "sasrec": ["--model", "sasrec", "--set", 'model.positions_from="start"', "--set", "model.history_bias=true",
@@ -26,7 +27,7 @@ def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec")) 
     }
     out = {}
     for name in names:
-        argv = list(specs[name])
+        argv = [*specs[name], *extra]
         if name == "unisrec":
             argv += ["--set", f'model.text_encoder="{make_tiny_encoder(root / "enc")}"']
         code = main(["train", "--dataset", str(data), "--out", str(root / name), *TINY, *argv])

@@ -34,6 +34,7 @@ EXPORTED = [  # every registered model, and the options that change the exported
     ("gru4rec", {}),
     ("gru4rec", {"history_bias": True}),
     ("unisrec", {"history_bias": True}),
+    ("unisrec", {"item_ids": True, "text_centre": True}),  # transductive: ID vectors in the item table
     ("item2vec", {}),
 ]
 SHARED_DATA = Path(os.environ.get("SEQREC_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -234,10 +235,16 @@ def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> 
         Recommender.from_run(ckpt, engine="tensorrt")
 
 
-@pytest.fixture(scope="module")
-def text_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny UniSRec run trained through the CLI with a tiny local text encoder (items take text)."""
-    return train_tiny_runs(tmp_path_factory.mktemp("text-run"), ("unisrec",))["unisrec"]
+TEXT_RUNS = {"inductive": (),
+             "transductive, centred": ("--set", "model.item_ids=true", "--set", "model.text_centre=true")}
+
+
+@pytest.fixture(scope="module", params=list(TEXT_RUNS))
+def text_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny UniSRec run trained through the CLI with a tiny local text encoder (items take text):
+    inductive, and transductive (trained items' table rows hold ID vectors) with centred text."""
+    root = tmp_path_factory.mktemp("text-run")
+    return train_tiny_runs(root, ("unisrec",), TEXT_RUNS[request.param])["unisrec"]
 
 
 NEW_ITEMS = {"n1": "red glue", "n2": "large green saw tool", "n3": "small blue tape"}
@@ -305,3 +312,31 @@ def assert_same_ranking(a: list[Any], b: list[Any], tol: float = 1e-4) -> None:
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if np.sum(np.abs(scores - scores[i]) <= tol) == 1:
             assert x.item == y.item, f"rank {i}: {x.item} != {y.item}"
+
+
+def test_onnx_engine_table_grows_without_disturbing_readers(text_run: Path) -> None:
+    """More items than the table's room: it moves to a larger buffer, a table taken before (a request
+    under way) is left as it was, replaced rows go to a copy, and the answers stay PyTorch's."""
+    torch_rec, onnx_rec = Recommender.from_run(text_run), Recommender.from_run(text_run, engine="onnx")
+    engine = onnx_rec._onnx
+    assert engine is not None and engine._table is not None
+    before = engine._table
+    snapshot = before.copy()
+    room = len(before.base) if before.base is not None else len(before)
+    words = ["red", "blue", "green", "small", "large", "tool", "glue", "tape", "saw"]
+    many = {f"m{i}": f"{words[i % 9]} {words[(i // 9) % 9]} {words[(i * 7) % 9]}" for i in range(room + 5)}
+    torch_rec.add_items(many)
+    onnx_rec.add_items(many)
+    assert engine._table.shape[0] == onnx_rec.n_items + 1 > room and engine._table.base is not before.base
+    np.testing.assert_array_equal(before, snapshot)
+    grown = engine._table
+    replaced = {"m3": "large green saw tool", torch_rec.catalogue.raw_ids[2]: "red glue"}
+    torch_rec.add_items(replaced)
+    onnx_rec.add_items(replaced)
+    assert engine._table is not grown and engine._table.shape == grown.shape
+    assert not np.array_equal(engine._table, grown)
+    with pytest.raises(SeqrecError, match="next indices"):
+        engine.set_rows([engine._table.shape[0] + 1], torch.zeros(1, engine._table.shape[1]))
+    raw = torch_rec.catalogue.raw_ids
+    for history in ([raw[1], "m3"], ["m7", "m40", raw[5]], [raw[2]]):
+        assert_same_ranking(torch_rec.recommend(history, k=10), onnx_rec.recommend(history, k=10))

@@ -14,6 +14,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("faiss")
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     out = tmp_path / "serve_load.json"
     run_benchmark("serve_load.py", "--tiny", "--out", str(out), timeout=600)
@@ -25,7 +26,8 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     for key, engine in (("live", "torch"), ("live_ivf_onnx", "onnx")):
         live = result[key]
         assert live["engine"] == engine and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0
-        assert live["visible_within_1s"] == live["added"] == 20  # every added item found by /similar
+        assert live["added"] == 20 and live["new_in_history_failures"] == 0  # a history may hold a new item
+        assert live["visible_s_max"] < 5  # every added item found by /similar (the benchmark waits up to 5 s)
     assert set(result["sessions"]) == {"10", "50"}
     # parts run again keep the others
     before = result["sessions"]

@@ -72,7 +72,10 @@ TEXT_ITEMS = (
     "A text model takes new items by text without retraining: encode each new item's text with the text "
     "encoder named here (its settings, no normalisation), run adaptor.onnx on the vectors, append its "
     "item_inputs rows to item_inputs (the encoder's input) and its item_vectors rows to item_vectors; the new "
-    "items take the next indices N+1, N+2, ... in items and in the scores."
+    "items take the next indices N+1, N+2, ... in items and in the scores. The encoder's precision is how "
+    "the run computes text (auto: bfloat16 where the CPU has it); float32 gives the same vectors within 1e-4 "
+    "cosine. Rows are appended, not replaced: when item_ids is true (a transductive model), a trained item's "
+    "row also holds its ID vector, which adaptor.onnx does not give (seqrec's Recommender re-texts known items)."
 )
 
 
@@ -104,7 +107,9 @@ class EncoderForExport(nn.Module):
         """Inputs of the given shape; text models' table grown by `extra` random rows, which the items use."""
         if not self.takes_table:
             return (example_items(self.n_items, batch, width, seed),)
-        items = example_items(self.n_items + extra, batch, width, seed)
+        items = example_items(self.n_items, batch, width, seed)
+        if extra:  # every row ends with one of the rows added after the export
+            items[:, -1] = self.n_items + 1 + torch.arange(batch) % extra
         with torch.no_grad():
             table = self.model.input_table().float()  # type: ignore[operator]
         grown = torch.randn(extra, table.shape[1], generator=torch.Generator().manual_seed(seed))
@@ -322,7 +327,9 @@ def text_section(model: SequentialModel, exporter: str) -> dict[str, Any]:
     options, d, text_dim = config.text_options(), int(config.d), int(config.text_dim)
     return {
         "encoder": {"name": options.encoder, "revision": options.revision, "pooling": options.pooling,
-                    "max_length": options.max_length, "template": options.template, "dim": text_dim},
+                    "max_length": options.max_length, "template": options.template, "dim": text_dim,
+                    "precision": options.precision},
+        "item_ids": bool(config.item_ids),  # transductive: trained items' rows hold an ID vector too
         "adaptor": {"file": "adaptor.onnx", "exporter": exporter,
                     "inputs": [{"name": "text", "dtype": "float32", "shape": ["n", text_dim],
                                 "doc": "the new items' text vectors from the encoder above (not normalised)"}],

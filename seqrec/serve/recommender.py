@@ -34,6 +34,7 @@ from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.serve.ann import Retriever
 from seqrec.serve.catalogue import Catalogue
+from seqrec.serve.onnx_engine import OnnxEncoder
 from seqrec.train.checkpoint import load_checkpoint
 
 
@@ -100,7 +101,8 @@ class Recommender:
         if self.catalogue.vectors.device.type != "cpu":
             raise SeqrecError("the onnx engine runs on the CPU; the model is on "
                               f"{self.catalogue.vectors.device}: use --engine torch")
-        self._onnx = OnnxEncoder(self.model, self.n_items, self.max_len)
+        with self.catalogue.lock:  # no item is added while the engine copies the item table
+            self._onnx = OnnxEncoder(self.model, self.n_items, self.max_len)
 
     # -- the catalogue -------------------------------------------------------------------------------
 
@@ -336,58 +338,3 @@ class Recommender:
         query = self.catalogue.vectors[idx : idx + 1]
         values, ids = self.catalogue.retriever.search(query, k, exclude=[[idx]])
         return self._results(values[0].tolist(), ids[0].tolist())
-
-
-class OnnxEncoder:
-    """The model's encoder exported to ONNX and run by ONNX Runtime on the CPU. A text model's exported
-    encoder takes every item's input vector as an input: this keeps that table beside the catalogue
-    (`set_rows` as items are added or replaced), in a buffer with room to grow, so that ONNX Runtime
-    reads it in place."""
-
-    def __init__(self, model: SequentialModel, n_items: int, max_len: int) -> None:
-        import tempfile
-
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
-        from seqrec.serve.export import EncoderForExport, write_encoder
-
-        wrapper = EncoderForExport(model, n_items, max_len)
-        with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
-            path = Path(tmp) / "encoder.onnx"
-            write_encoder(wrapper, path, None)
-            options = ort.SessionOptions()
-            options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self._table: np.ndarray | None = None  # rows 0..N of a buffer that may be longer (one reference: atomic)
-        if wrapper.takes_table:
-            with torch.no_grad():
-                table = model.input_table().float().numpy()  # type: ignore[operator]
-            buffer = np.zeros((2 * len(table), table.shape[1]), np.float32)
-            buffer[: len(table)] = table
-            self._table = buffer[: len(table)]
-
-    def set_rows(self, ids: Sequence[int], rows: torch.Tensor) -> None:
-        """Write the input vectors (n, D) of items `ids` (known ones replaced, new ones appended in index
-        order); requests under way keep the table they started with."""
-        if self._table is None:
-            return
-        table, values = self._table, rows.detach().float().cpu().numpy()
-        n = max(len(table), max(ids) + 1)
-        buffer = table.base if table.base is not None else table
-        if n > len(buffer):  # grow into a new buffer: readers of the old one are not disturbed
-            grown = np.zeros((2 * n, table.shape[1]), np.float32)
-            grown[: len(table)] = table
-            buffer = grown
-        buffer[np.asarray(ids)] = values
-        self._table = buffer[:n]
-
-    def __call__(self, items: np.ndarray) -> np.ndarray:
-        """(B, L) left-padded item indices -> (B, D) states."""
-        feeds = {"items": items}
-        table = self._table
-        if table is not None:
-            feeds["item_inputs"] = table
-        return self.session.run(["state"], feeds)[0]

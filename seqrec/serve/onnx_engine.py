@@ -1,0 +1,76 @@
+"""The onnx engine: a model's encoder exported to ONNX (`seqrec.serve.export`) and run by ONNX Runtime.
+
+A text model's exported encoder takes every item's input vector as its second input (`item_inputs`,
+(N+1, D)); `OnnxEncoder` keeps that table beside the catalogue and grows it as items are added by text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seqrec.errors import SeqrecError
+from seqrec.models.base import SequentialModel
+
+
+class OnnxEncoder:
+    """The model's encoder exported to ONNX and run by ONNX Runtime on the CPU. A text model's exported
+    encoder takes every item's input vector as an input: this keeps that table beside the catalogue
+    (`set_rows` as items are added or replaced), in a buffer with room to grow, so that ONNX Runtime
+    reads it in place."""
+
+    def __init__(self, model: SequentialModel, n_items: int, max_len: int) -> None:
+        import tempfile
+
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
+        from seqrec.serve.export import EncoderForExport, write_encoder
+
+        wrapper = EncoderForExport(model, n_items, max_len)
+        with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
+            path = Path(tmp) / "encoder.onnx"
+            write_encoder(wrapper, path, None)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._table: np.ndarray | None = None  # rows 0..N of a buffer that may be longer (one reference: atomic)
+        if wrapper.takes_table:
+            with torch.no_grad():
+                table = model.input_table().float().numpy()  # type: ignore[operator]
+            buffer = np.zeros((2 * len(table), table.shape[1]), np.float32)
+            buffer[: len(table)] = table
+            self._table = buffer[: len(table)]
+
+    def set_rows(self, ids: Sequence[int], rows: torch.Tensor) -> None:
+        """Write the input vectors (n, D) of items `ids`: known ones replaced, new ones appended (they
+        must be the next indices, in order). One writer at a time (the catalogue's lock); requests under
+        way keep the table they started with: a replaced row is written into a copy."""
+        if self._table is None:
+            return
+        table, values = self._table, rows.detach().float().cpu().numpy()
+        ids = list(ids)
+        new = [i for i in ids if i >= len(table)]
+        if new != list(range(len(table), len(table) + len(new))):
+            raise SeqrecError(f"new items must take the next indices from {len(table)}, got {new}")
+        n = len(table) + len(new)
+        buffer = table.base if table.base is not None else table
+        if n > len(buffer) or len(new) < len(ids):  # a new buffer: readers of the old one are not disturbed
+            grown = np.zeros((max(len(buffer), 2 * n), table.shape[1]), np.float32)
+            grown[: len(table)] = table
+            buffer = grown
+        buffer[np.asarray(ids)] = values
+        self._table = buffer[:n]
+
+    def __call__(self, items: np.ndarray) -> np.ndarray:
+        """(B, L) left-padded item indices -> (B, D) states."""
+        feeds = {"items": items}
+        table = self._table
+        if table is not None:
+            feeds["item_inputs"] = table
+        return self.session.run(["state"], feeds)[0]
