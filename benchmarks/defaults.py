@@ -5,7 +5,7 @@ Each run is the command a new user types (only the progress bar off, a thread co
 cap, which the result records); its `auto` decisions are recorded with their reasons. The best
 row is the one with the highest validation NDCG@10 among every run of that model on that dataset
 in benchmarks/results/*.json (seen items never filtered; partial-data runs included, as they
-are runs of the model on the data). The goal: the default reaches 95% of that row's test NDCG@10.
+are runs of the model on the data, and UniSRec's pre-trained and fine-tuned ones). The goal: the default reaches 95% of that row's test NDCG@10.
 results/defaults_previous.json keeps the same runs made before each model had training defaults of
 its own (seqrec.config.with_model_train_defaults): the evidence for them, shown beside each row.
 
@@ -76,6 +76,20 @@ def rows(obj: Any, path: str, hint: str | None) -> Iterator[tuple[str, dict[str,
             yield from rows(v, f"{path}/{i}", hint)
 
 
+def efficiency_rows(d: dict[str, Any], name: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The runs of a data-efficiency file (flat records, one per method, fraction and seed) as run-like
+    entries of their model on the file's target: SASRec, and UniSRec from scratch or pre-trained."""
+    for i, r in enumerate(d.get("runs") or []):
+        method = str(r.get("method", ""))
+        model = "sasrec" if method.startswith("sasrec") else (
+            "unisrec" if method.startswith(("unisrec", "pt-")) else None)
+        if model is None or not isinstance(r.get("valid_ndcg@10"), (int, float)) or "test_ndcg@10" not in r:
+            continue
+        test = {k.removeprefix("test_"): v for k, v in r.items() if k.startswith("test_")}
+        where = f"{name}/runs/{i} ({method}, {r['fraction']:.0%} of users, seed {r['seed']})"
+        yield where, {"dataset": d["target"], "model": model, "valid_ndcg@10": r["valid_ndcg@10"], "test": test}
+
+
 def best_rows(folder: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]]:
     """(dataset, model) -> the best-validated run in the results files (not this script's, not a GPU's)."""
     best: dict[tuple[str, str], dict[str, Any]] = {}
@@ -85,7 +99,9 @@ def best_rows(folder: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]]:
         hint = "unisrec" if f.name.startswith(("unisrec", "data_efficiency", "transfer_probe")) else (
             "sasrec" if f.name.startswith("sasrec_quality") else None)
         data_hint, hint = FILE_HINTS.get(f.name, (None, hint))
-        for path, r in rows(json.loads(f.read_text()), f.name, hint):
+        d = json.loads(f.read_text())
+        found = efficiency_rows(d, f.name) if f.name.startswith("data_efficiency") else rows(d, f.name, hint)
+        for path, r in found:
             dataset, model = _dataset_of(r, data_hint), _model_of(r, hint)
             peer = path.split("/")[-1].startswith("recbole")  # a peer library's run, not seqrec's
             if dataset is None or model is None or peer or (r.get("protocol") or {}).get("filter_seen"):

@@ -28,7 +28,19 @@ def test_best_rows_across_file_shapes(tmp_path: Path) -> None:
         "recbole": {"best_valid_ndcg@10": 0.9, "test": {"ndcg@10": 0.9}},
         "seqrec-recbole-arch": {"best_valid_ndcg@10": 0.08, "test": {"ndcg@10": 0.07}}}}))
     (tmp_path / "defaults.json").write_text(json.dumps({"x": run(0.99, 0.99, dataset="ml-100k", model="sasrec")}))
+
+    def flat(method: str, valid: float, test: float) -> dict[str, object]:
+        return {"method": method, "fraction": 0.25, "seed": 1, "valid_ndcg@10": valid, "test_ndcg@10": test,
+                "test_recall@10": 2 * test}
+
+    (tmp_path / "data_efficiency_games.json").write_text(json.dumps({"target": "games", "runs": [
+        flat("sasrec-p20", 0.03, 0.02), flat("pt-inductive (pre)", 0.04, 0.035), flat("unisrec-scratch", 0.05, 0.03),
+        flat("popularity", 0.9, 0.9)]}))
     best = defaults.best_rows(tmp_path)
+    assert best[("games", "sasrec")]["test"] == {"ndcg@10": 0.02, "recall@10": 0.04}
+    assert best[("games", "unisrec")]["from"] == ("data_efficiency_games.json/runs/2 "
+                                                  "(unisrec-scratch, 25% of users, seed 1)")
+    assert ("games", "popularity") not in best
     assert best[("ml-100k", "sasrec")]["from"] == "speed_vs_recbole.json/runs/seqrec-recbole-arch"
     assert best[("ml-100k", "sasrec")]["test"]["ndcg@10"] == 0.07
     assert best[("ml-100k", "gru4rec")]["valid_ndcg@10"] == 0.06
