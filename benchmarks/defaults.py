@@ -5,7 +5,8 @@ Each run is the command a new user types (only the progress bar off, a thread co
 cap, which the result records); its `auto` decisions are recorded with their reasons. The best
 row is the one with the highest validation NDCG@10 among every run of that model on that dataset
 in benchmarks/results/*.json (seen items never filtered; partial-data runs included, as they
-are runs of the model on the data, and UniSRec's pre-trained and fine-tuned ones). The goal: the default reaches 95% of that row's test NDCG@10.
+are runs of the model on the data, and UniSRec's pre-trained and fine-tuned ones). The goal: the
+default reaches 95% of that row's test NDCG@10.
 results/defaults_previous.json keeps the same runs made before each model had training defaults of
 its own (seqrec.config.with_model_train_defaults): the evidence for them, shown beside each row.
 

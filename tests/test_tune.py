@@ -90,3 +90,16 @@ def test_the_budget_bounds_a_running_trial(tiny_dataset: PreparedDataset, tmp_pa
     assert first["state"] == "complete" and first["valid_ndcg@10"] is not None
     results = json.loads((tmp_path / "study" / "trials" / "0" / "results.json").read_text())
     assert results["epochs_run"] < 1000
+
+
+def test_each_trial_is_capped_at_its_share_of_the_budget(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """With min_trials=4 a 40 s budget gives no trial more than 10 s of training, whatever its recipe asks."""
+    long = {**BASE, "train": {"epochs": 1000, "patience": 1000, "batch_size": 64, "time_budget_s": 600}}
+    report = tune(long, tiny_dataset, tmp_path / "study", budget_s=40, trials=1, final=False, min_trials=4)
+    assert report["trials"][0]["state"] == "complete"
+    config = json.loads((tmp_path / "study" / "trials" / "0" / "config.json").read_text())
+    assert 0 < config["train"]["time_budget_s"] <= 10
+    results = json.loads((tmp_path / "study" / "trials" / "0" / "results.json").read_text())
+    assert results["epochs_run"] < 1000
+    with pytest.raises(SeqrecError, match="min-trials"):
+        tune(BASE, tiny_dataset, tmp_path / "other", budget_s=10, trials=1, min_trials=0)

@@ -131,7 +131,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     model = base.get("model", {}).get("name", "sasrec")
     run_dir = Path(args.out) if args.out else Path("runs") / f"tune-{data.meta['name']}-{model}-{stamp}"
-    report = tune(base, data, run_dir, args.budget, args.trials, jobs=args.jobs, seed=args.seed)
+    shares = {} if args.min_trials is None else {"min_trials": args.min_trials}
+    report = tune(base, data, run_dir, args.budget, args.trials, jobs=args.jobs, seed=args.seed, **shares)
     states: dict[str, int] = {}
     for t in report["trials"]:
         states[t["state"]] = states.get(t["state"], 0) + 1
@@ -170,6 +171,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tu.add_argument("--budget", type=float, default=1800.0, help="seconds of search (default 1800)")
     tu.add_argument("--trials", type=int, help="stop after this many trials (default: only the budget)")
     tu.add_argument("--jobs", type=int, default=1, help="trials at a time (give each train.threads its share)")
+    tu.add_argument("--min-trials", type=int,
+                    help="no trial trains longer than budget x jobs / this, so that at least this many run (default 6)")
     tu.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     tu.add_argument("--out", help="study folder (default runs/tune-...); an existing one is resumed")
     tu.set_defaults(fn=cmd_tune)

@@ -10,8 +10,10 @@
 
 Trials are pruned by Optuna's median rule on validation NDCG@10 after `warmup` evaluations; the
 study stops at `budget_s` seconds (a trial still running then stops at its next epoch's end, and
-keeps its best epoch so far) or `trials` trials. Each trial is a TPE sample from the model's
-space (`SPACES`), on top of the base config (a shipped recipe or the defaults).
+keeps its best epoch so far) or `trials` trials. No trial trains longer than its share of the
+budget (`min_trials`): on a large dataset one trial of a patient recipe would otherwise take it
+all. Each trial is a TPE sample from the model's space (`SPACES`), on top of the base config (a
+shipped recipe or the defaults).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from seqrec.errors import SeqrecError
 log = logging.getLogger(__name__)
 
 Space = dict[str, Callable[[Any], Any]]  # "section.key" -> draw(trial)
+MIN_TRIALS = 6  # the budget is shared so that at least this many trials run (each capped at its share)
 
 
 def _transformer_space() -> Space:
@@ -85,8 +88,14 @@ def _fits(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 
 def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: float, trials: int | None,
-         warmup: int = 3, jobs: int = 1, seed: int = 0, final: bool = True) -> dict[str, Any]:
-    """Search on validation, then train the best settings once and test them. Returns the report."""
+         warmup: int = 3, jobs: int = 1, seed: int = 0, final: bool = True, min_trials: int = MIN_TRIALS
+         ) -> dict[str, Any]:
+    """Search on validation, then train the best settings once and test them. Returns the report.
+
+    No trial trains for more than `budget_s * jobs / min_trials` seconds, so that the budget holds at
+    least `min_trials` trials (a trial at its cap keeps its best epoch so far)."""
+    if min_trials < 1:
+        raise SeqrecError(f"--min-trials must be >= 1, got {min_trials}")
     try:
         import optuna
     except ImportError:  # pragma: no cover - depends on the environment
@@ -114,11 +123,12 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
 
     def objective(trial: Any) -> float:
         values = _fits({k: draw(trial) for k, draw in space.items()}, base)
-        # a trial ends with the study's budget too: Optuna's timeout only stops new trials from starting
-        remaining = max(1.0, deadline - time.time())
+        # a trial ends with the study's budget too (Optuna's timeout only stops new trials from starting),
+        # and at its share of it
+        cap = max(1.0, min(deadline - time.time(), budget_s * jobs / min_trials))
         own = float(base.get("train", {}).get("time_budget_s") or 0)
         raw = _with(base, {**values, "train.refit": False, "train.progress": False,
-                           "train.time_budget_s": min(own, remaining) if own > 0 else remaining})
+                           "train.time_budget_s": min(own, cap) if own > 0 else cap})
         cfg = resolve(raw)
         trial.set_user_attr("config", raw)
         trial.set_user_attr("started", time.time())
