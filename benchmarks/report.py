@@ -834,6 +834,8 @@ def tune(d: dict[str, Any]) -> list[str]:
              f"file: `results/tune_{d['dataset']}.json`; command: `{d['command']}`.")
     if "threads_per_trial" in d:
         intro += f" Each trial ran on {d['threads_per_trial']} thread(s)."
+    intro += (f" No trial trained longer than the budget / {d['min_trials']}." if "min_trials" in d else
+              " This study predates the cap of each trial at its share of the budget (`--min-trials`).")
     got = t["best_run"]["test"]["ndcg@10"]
     verdicts = []
     for key, label in (("recipe", "against the recipe"), ("recipe_history_bias", "against the recipe + history bias")):

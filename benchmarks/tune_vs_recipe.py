@@ -22,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, WORK, machine, prepared, write_result
 
+from seqrec.train.tune import MIN_TRIALS
+
 
 def recipe_row(dataset: str, history_bias: bool) -> dict:
     """The picked hand-made SASRec run on `dataset` (best validation NDCG@10), with or without the bias."""
@@ -45,6 +47,8 @@ def main() -> None:
     p.add_argument("--dataset", default="amazon-scientific-unisrec")
     p.add_argument("--budget", type=float, default=1800)
     p.add_argument("--threads", type=int, default=2, help="torch threads of each trial")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="more base-config overrides (e.g. train.time_budget_s=900 for the final run)")
     p.add_argument("--report-only", action="store_true", help="write the results file from a finished study")
     args = p.parse_args()
     data = prepared(args.dataset)
@@ -52,6 +56,8 @@ def main() -> None:
     config = ROOT / "benchmarks" / "configs" / f"sasrec-{args.dataset}.toml"
     argv = [str(ROOT / ".venv" / "bin" / "seqrec"), "tune", "--dataset", str(data.path), "--config", str(config),
             "--budget", str(args.budget), "--set", f"train.threads={args.threads}", "--out", str(out)]
+    for override in args.set:
+        argv += ["--set", override]
     t0 = time.perf_counter()
     if not args.report_only:
         subprocess.run(argv, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -60,8 +66,9 @@ def main() -> None:
         "dataset": args.dataset, "machine": machine(), "budget_s": args.budget,
         "wall_s": previous_wall(args.dataset) if args.report_only else time.perf_counter() - t0,
         "threads_per_trial": args.threads,
+        "min_trials": MIN_TRIALS,  # each trial capped at budget / MIN_TRIALS (seqrec tune's default)
         "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --budget {args.budget:g} "
-                   f"--threads {args.threads}",
+                   f"--threads {args.threads}" + "".join(f" --set {o}" for o in args.set),
         "tune": {k: report[k] for k in ("n_trials", "best_trial", "best_run")},
         "states": {s: sum(t["state"] == s for t in report["trials"]) for s in {t["state"] for t in report["trials"]}},
         "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_row(args.dataset, True)})
