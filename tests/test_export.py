@@ -235,6 +235,25 @@ def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> 
         Recommender.from_run(ckpt, engine="tensorrt")
 
 
+def test_auto_engine_takes_onnx_where_it_can(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """`seqrec serve`'s default: ONNX Runtime when it can serve the model, else PyTorch, saying why."""
+    import importlib.util
+
+    ckpt = trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "ckpt")
+    with caplog.at_level("INFO", logger="seqrec.serve.recommender"):
+        assert Recommender.from_run(ckpt, engine="auto")._onnx is not None
+    assert "engine: onnx" in caplog.text
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="seqrec.serve.recommender"):
+        assert Recommender.from_run(ckpt, engine="auto")._onnx is None
+    assert "engine: torch (onnxruntime not installed" in caplog.text
+    with pytest.raises(SeqrecError, match=r"onnxruntime not installed.*--engine torch"):
+        Recommender.from_run(ckpt, engine="onnx")
+
+
 TEXT_RUNS = {"inductive": (),
              "transductive, centred": ("--set", "model.item_ids=true", "--set", "model.text_centre=true")}
 

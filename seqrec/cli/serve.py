@@ -25,7 +25,7 @@ def build_app(options: dict) -> object:
     if options.get("threads"):
         torch.set_num_threads(int(options["threads"]))
     rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"],
-                               engine=options.get("engine", "torch"))
+                               engine=options.get("engine", "auto"))
     rec.text_encoder()  # text models: the encoder is ready before the first new item
     one = int(options.get("workers", 1)) == 1
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
@@ -135,9 +135,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="worker processes; with more than one, the catalogue is read-only and sessions are off")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
-    s.add_argument("--engine", choices=["torch", "onnx"], default="torch",
+    s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",
                    help="what encodes histories: the PyTorch model, or its encoder exported to ONNX and run by "
-                        "ONNX Runtime (on the CPU, models without side features; fewer microseconds per request)")
+                        "ONNX Runtime (on the CPU, models without side features; fewer microseconds per "
+                        "request); auto: onnx where it can, else torch")
     s.add_argument("--max-sessions", type=int, default=10_000)
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")

@@ -19,6 +19,7 @@ derives them from a prepared log; values not given are missing (the model's lear
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from seqrec.serve.ann import Retriever
 from seqrec.serve.catalogue import Catalogue
 from seqrec.serve.onnx_engine import OnnxEncoder
 from seqrec.train.checkpoint import load_checkpoint
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,17 +95,41 @@ class Recommender:
         PyTorch's per-operator overhead on small batches and runs without holding Python's GIL, so a
         service answers more requests per core. Sessions (KV cache) and top-k stay in PyTorch. Text
         models keep taking items by text: the exported encoder reads a table of item input vectors
-        that grows with the catalogue. Not for models with side features, nor a model on a GPU."""
+        that grows with the catalogue. Not for models with side features, nor a model on a GPU.
+        "auto": onnx where it can serve the model (and its export passes the check against PyTorch),
+        else torch; the choice and its reason are logged."""
+        if engine == "auto":
+            why = self._no_onnx()
+            if why is None:
+                try:
+                    self.use_engine("onnx")
+                    log.info("engine: onnx (ONNX Runtime encodes histories)")
+                    return
+                except SeqrecError as exc:
+                    why = str(exc)
+            log.info("engine: torch (%s)", why)
+            engine = "torch"
         if engine == "torch":
             self._onnx = None
             return
         if engine != "onnx":
-            raise SeqrecError(f"unknown engine {engine!r}: torch or onnx")
-        if self.catalogue.vectors.device.type != "cpu":
-            raise SeqrecError("the onnx engine runs on the CPU; the model is on "
-                              f"{self.catalogue.vectors.device}: use --engine torch")
+            raise SeqrecError(f"unknown engine {engine!r}: auto, torch or onnx")
+        why = self._no_onnx()
+        if why is not None:
+            raise SeqrecError(f"{why}: use --engine torch")
         with self.catalogue.lock:  # no item is added while the engine copies the item table
             self._onnx = OnnxEncoder(self.model, self.n_items, self.max_len)
+
+    def _no_onnx(self) -> str | None:
+        """Why the onnx engine cannot serve this model here, or None."""
+        if self.model.feature_block is not None:
+            return f"{self.model.name} uses side features, which the ONNX export does not carry yet"
+        if self.catalogue.vectors.device.type != "cpu":
+            return f"the onnx engine runs on the CPU; the model is on {self.catalogue.vectors.device}"
+        import importlib.util
+
+        missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
+        return f"{' and '.join(missing)} not installed (pip install 'seqrec[serve]')" if missing else None
 
     # -- the catalogue -------------------------------------------------------------------------------
 
