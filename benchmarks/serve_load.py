@@ -262,7 +262,7 @@ def main() -> None:
     if "live" in args.parts:
         build_unisrec(unisrec_run, n_items, titles)
         for key, index, engine in LIVE_ROWS:
-            results[key] = bench_live(unisrec_run, n_items, titles, n_add, 100_000, 600.0, index, engine)
+            results[key] = bench_live(unisrec_run, n_items, titles, n_add, 1_000_000, 600.0, index, engine)
     if "sessions" in args.parts:
         results["sessions"] = bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200),
                                              3 if args.tiny else 20)
