@@ -1064,7 +1064,8 @@ def headline(link: str = "docs/results.md") -> list[str]:
                              f"({live.get('index', 'exact')}, {live.get('engine', 'torch')} engine)",
                              f"{serve['n_items']:,} items", "concurrency 8",
                              f"{live['add_failures'] + load_['failed']} failed; /recommend "
-                             f"{load_['requests_per_s']:.0f} requests/s, p50 {load_['p50_ms']:.1f} ms, p99 {load_['p99_ms']:.1f} ms", DASH])
+                             f"{load_['requests_per_s']:.0f} requests/s, p50 {load_['p50_ms']:.1f} ms, "
+                             f"p99 {load_['p99_ms']:.1f} ms", DASH])
     defaults = [r for r in (load("defaults.json") or {}).get("rows", []) if "meets_goal" in r]
     if defaults:
         met = sum(r["meets_goal"] for r in defaults)
