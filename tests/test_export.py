@@ -359,3 +359,17 @@ def test_onnx_engine_table_grows_without_disturbing_readers(text_run: Path) -> N
     raw = torch_rec.catalogue.raw_ids
     for history in ([raw[1], "m3"], ["m7", "m40", raw[5]], [raw[2]]):
         assert_same_ranking(torch_rec.recommend(history, k=10), onnx_rec.recommend(history, k=10))
+
+
+def test_export_and_checkpoint_files_have_the_usual_modes(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """Folders written atomically get the modes a plain mkdir / open gives (the umask's), not the
+    temporary folder's 0700 or the 0600 some writers (safetensors) use: runs and exports are shared."""
+    from seqrec.data.io import UMASK
+
+    trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "run" / "checkpoint")
+    export_run(tmp_path / "run", tmp_path / "export")
+    for folder in (tmp_path / "export", tmp_path / "run" / "checkpoint"):
+        assert folder.stat().st_mode & 0o777 == 0o777 & ~UMASK
+        files = [p for p in folder.iterdir() if p.is_file()]
+        assert any(p.suffix == ".safetensors" for p in files)
+        assert {p.name: p.stat().st_mode & 0o777 for p in files} == {p.name: 0o666 & ~UMASK for p in files}

@@ -27,6 +27,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         yield tmp
+        _usual_modes(tmp)
         old = None
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
@@ -37,6 +38,23 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()  # read once, at import: os.umask can only be read by setting it
+
+
+def _usual_modes(folder: Path) -> None:
+    """The modes a plain mkdir / open would have given (the temporary folder is 0700, and some writers,
+    safetensors among them, create 0600 files): a run or an export is shared like any other folder."""
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~UMASK)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -103,7 +103,8 @@ class Recommender:
             if why is None:
                 try:
                     self.use_engine("onnx")
-                    log.info("engine: onnx (ONNX Runtime encodes histories)")
+                    log.info("engine: onnx (auto: %s has no side features, runs on the CPU and its export "
+                             "matched PyTorch)", self.model.name)
                     return
                 except SeqrecError as exc:
                     why = str(exc)
