@@ -90,6 +90,10 @@ class EncoderForExport(nn.Module):
         super().__init__()
         self.model, self.n_items, self.max_len = model, n_items, max_len
         self.takes_table = takes_table(model)
+        self.table: torch.Tensor | None = None  # text models: (N+1, D) every item's input vector, computed once
+        if self.takes_table:
+            with torch.no_grad():
+                self.table = model.input_table().float()  # type: ignore[operator]
 
     def forward(self, items: torch.Tensor, item_inputs: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -105,15 +109,13 @@ class EncoderForExport(nn.Module):
 
     def example(self, batch: int, width: int, seed: int = 0, extra: int = 0) -> tuple[torch.Tensor, ...]:
         """Inputs of the given shape; text models' table grown by `extra` random rows, which the items use."""
-        if not self.takes_table:
-            return (example_items(self.n_items, batch, width, seed),)
         items = example_items(self.n_items, batch, width, seed)
+        if self.table is None:
+            return (items,)
         if extra:  # every row ends with one of the rows added after the export
             items[:, -1] = self.n_items + 1 + torch.arange(batch) % extra
-        with torch.no_grad():
-            table = self.model.input_table().float()  # type: ignore[operator]
-        grown = torch.randn(extra, table.shape[1], generator=torch.Generator().manual_seed(seed))
-        return items, torch.cat([table, grown])
+        grown = torch.randn(extra, self.table.shape[1], generator=torch.Generator().manual_seed(seed))
+        return items, torch.cat([self.table, grown])
 
 
 class AdaptorForExport(nn.Module):
@@ -271,15 +273,16 @@ def onnx_opset(path: Path) -> int:
     return next(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def write_items(model: SequentialModel, path: Path) -> dict[str, list[int]]:
-    """items.safetensors: the item vectors (and bias) that states are scored against; returns shapes."""
+def write_items(model: SequentialModel, path: Path, item_inputs: torch.Tensor | None = None) -> dict[str, list[int]]:
+    """items.safetensors: the item vectors (and bias) that states are scored against, and a text model's
+    input table (`EncoderForExport.table`); returns shapes."""
     with torch.no_grad():
         tensors = {"item_vectors": model.item_embeddings().detach().float().contiguous().cpu()}
         bias = model.item_bias()
         if bias is not None:
             tensors["item_bias"] = bias.detach().float().contiguous().cpu()
-        if takes_table(model):
-            tensors["item_inputs"] = model.input_table().detach().float().contiguous().cpu()  # type: ignore[operator]
+        if item_inputs is not None:
+            tensors["item_inputs"] = item_inputs.detach().float().contiguous().cpu()
     save_file(tensors, str(path))
     return {k: list(v.shape) for k, v in tensors.items()}
 
@@ -360,7 +363,7 @@ def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = 
     with atomic_dir(Path(dest)) as tmp:
         wrapper = EncoderForExport(model, int(meta["n_items"]), int(meta["max_len"])).eval()
         exporter = write_encoder(wrapper, tmp / "encoder.onnx", opset)
-        tensors = write_items(model, tmp / "items.safetensors")
+        tensors = write_items(model, tmp / "items.safetensors", wrapper.table)
         shutil.copyfile(ckpt / "items.parquet", tmp / "items.parquet")
         manifest = build_manifest(wrapper, meta, exporter, onnx_opset(tmp / "encoder.onnx"), tensors, item_ids)
         if wrapper.takes_table:

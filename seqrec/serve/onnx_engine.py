@@ -39,13 +39,10 @@ class OnnxEncoder:
             options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self._table: np.ndarray | None = None  # rows 0..N of a buffer that may be longer (one reference: atomic)
-        if wrapper.takes_table:
-            with torch.no_grad():
-                table = model.input_table().float().numpy()  # type: ignore[operator]
-            buffer = np.zeros((2 * len(table), table.shape[1]), np.float32)
-            buffer[: len(table)] = table
-            self._table = buffer[: len(table)]
+        # rows 0..N of a buffer that may be longer (one reference, so swapping it is atomic)
+        self._table: np.ndarray | None = None
+        if wrapper.table is not None:
+            self._table = _with_room(wrapper.table.numpy(), len(wrapper.table))[: len(wrapper.table)]
 
     def set_rows(self, ids: Sequence[int], rows: torch.Tensor) -> None:
         """Write the input vectors (n, D) of items `ids`: known ones replaced, new ones appended (they
@@ -61,9 +58,7 @@ class OnnxEncoder:
         n = len(table) + len(new)
         buffer = table.base if table.base is not None else table
         if n > len(buffer) or len(new) < len(ids):  # a new buffer: readers of the old one are not disturbed
-            grown = np.zeros((max(len(buffer), 2 * n), table.shape[1]), np.float32)
-            grown[: len(table)] = table
-            buffer = grown
+            buffer = _with_room(table, max(len(buffer) // 2, n))
         buffer[np.asarray(ids)] = values
         self._table = buffer[:n]
 
@@ -74,3 +69,10 @@ class OnnxEncoder:
         if table is not None:
             feeds["item_inputs"] = table
         return self.session.run(["state"], feeds)[0]
+
+
+def _with_room(rows: np.ndarray, n: int) -> np.ndarray:
+    """A new float32 buffer of 2n rows with `rows` copied to its top."""
+    buffer = np.zeros((2 * n, rows.shape[1]), np.float32)
+    buffer[: len(rows)] = rows
+    return buffer

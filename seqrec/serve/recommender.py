@@ -182,19 +182,20 @@ class Recommender:
             if known:
                 ids = torch.tensor([cat.index[raws[i]] for i in known], device=device)
                 model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
-                self._set_inputs(ids)
-                cat.replace(ids.tolist(), [values[i] for i in known], model.item_vectors(ids))
+                cat.replace(ids.tolist(), [values[i] for i in known], self._item_side(ids))
             if new:
                 ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
                                    device=device)
-                self._set_inputs(ids)
-                cat.append([raws[i] for i in new], [values[i] for i in new], model.item_vectors(ids), None)
+                cat.append([raws[i] for i in new], [values[i] for i in new], self._item_side(ids), None)
         return [cat.index[raw] for raw in raws]
 
-    def _set_inputs(self, ids: torch.Tensor) -> None:
-        """The ONNX engine's copy of these items' input vectors, after their text changed or they were added."""
+    def _item_side(self, ids: torch.Tensor) -> torch.Tensor:
+        """The vectors of items whose text changed or that were added: their input vectors go to the ONNX
+        engine's table (when it serves), their output vectors (returned) to the catalogue."""
+        inputs = self.model.input_table(ids)  # type: ignore[operator]
         if self._onnx is not None:
-            self._onnx.set_rows(ids.tolist(), self.model.input_table(ids))  # type: ignore[operator]
+            self._onnx.set_rows(ids.tolist(), inputs)
+        return self.model.scored(inputs)  # type: ignore[operator]
 
     def text_encoder(self) -> Any:
         """The run's frozen text encoder, loaded once (a service loads it at start, not on the first item)."""
