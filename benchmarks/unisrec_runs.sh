@@ -16,6 +16,8 @@ SCI=$P/amazon-scientific-unisrec
 CFG=benchmarks/configs/unisrec-amazon-scientific-unisrec.toml
 BUDGET=${BUDGET:-3000}  # training seconds per run (fine-tuning, cold split)
 PRETRAIN_BUDGET=${PRETRAIN_BUDGET:-1500}
+HIST=${HIST:-games-centre-hist}  # the pre-trained model (under $R/xfer) of the *-hist cold runs; other names suffix the runs
+SUFFIX=$([ "$HIST" = games-centre-hist ] || echo "-$HIST")
 case "$1" in
   scratch)  # text only, no pre-training
     .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --out $R/unisrec-scratch-text ;;
@@ -81,8 +83,8 @@ case "$1" in
       --out $R/unisrec-cold20-pretrained-zero-shot ;;
   cold-zero-shot-hist)  # Games pre-trained with the history bias learnt (data_efficiency's games-centre-hist), no training
     .venv/bin/seqrec text encode $P/amazon-scientific-unisrec-cold20 --missing id --no-progress
-    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/xfer/games-centre-hist --setting zero-shot \
-      --out $R/unisrec-cold20-pretrained-hist-zero-shot ;;
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/xfer/$HIST --setting zero-shot \
+      --out $R/unisrec-cold20-pretrained-hist-zero-shot$SUFFIX ;;
   cold-pretrained)  # the same fine-tuned text only, every weight trained (the data-efficiency recipe)
     .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from ${PRETRAINED:-$R/pretrained-games} --setting inductive \
       --config $CFG --set model.freeze_encoder=false --set train.progress=false --set train.refit=false \
@@ -90,10 +92,10 @@ case "$1" in
   cold-pretrained-hist)  # Games pre-trained (history bias learnt), fine-tuned inductive, every weight trained,
     # with the training softmax over the items that have training events (trained) or over every item (all)
     .venv/bin/seqrec text encode $P/amazon-scientific-unisrec-cold20 --missing id --no-progress
-    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/xfer/games-centre-hist --setting inductive \
+    .venv/bin/seqrec finetune $P/amazon-scientific-unisrec-cold20 --from $R/xfer/$HIST --setting inductive \
       --config $CFG --set model.freeze_encoder=false --set "model.softmax_items=\"$2\"" --set train.progress=false \
       --set train.refit=false --set train.time_budget_s=${BUDGET_COLD:-900} \
-      --out $R/unisrec-cold20-pretrained-hist-inductive-softmax-$2 ;;
+      --out $R/unisrec-cold20-pretrained-hist-inductive-softmax-$2$SUFFIX ;;
   memory)  # peak memory of a few pre-training steps: MoCo (batch 256, 8192 queued) vs in-batch (batch 8192)
     for spec in "moco 256 8192" "in-batch 256 8192" "in-batch 8192 8192"; do
       set -- $spec

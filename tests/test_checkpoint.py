@@ -179,3 +179,27 @@ def test_cli_recommend_on_a_truncated_checkpoint(ckpt: Path) -> None:
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("seqrec: error:") and "model.safetensors" in lines[0], lines
+
+
+def test_weights_packed_into_one_buffer_are_saved(tmp_path: Path) -> None:
+    """On CUDA, cuDNN packs a GRU's weights into one buffer (each weight a view of it), which safetensors
+    refuses to save as it is (a GRU4Rec trained on a GPU could not be checkpointed). The same packing
+    made on the CPU: saved, loaded back equal, and the model itself left as it was."""
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    cfg = build(model_config_class("gru4rec"), {"name": "gru4rec", "d": 16}, "model")
+    model = build_model(cfg, N_ITEMS, 8).eval()
+    weights = [getattr(model.gru, name) for name in model.gru._flat_weights_names]
+    flat = torch.cat([w.detach().reshape(-1) for w in weights])
+    offset = 0
+    for w in weights:
+        w.data = flat[offset : offset + w.numel()].view_as(w)
+        offset += w.numel()
+    with pytest.raises(RuntimeError, match="entire storage"):
+        save_model(model, str(tmp_path / "as-is.safetensors"))
+    save_checkpoint(model, tmp_path / "ckpt", max_len=8, item_table=item_table())
+    loaded, _ = load_checkpoint(tmp_path / "ckpt")
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert all(w.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for w in weights)

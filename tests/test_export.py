@@ -62,18 +62,27 @@ def trained_checkpoint(name: str, extra: dict[str, Any], data: PreparedDataset, 
     return dest
 
 
-def onnx_top_k(export: Path, histories: list[list[int]], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(states, top-k indices) from the exported files alone, by the manifest's scoring rule."""
+def onnx_top_k(export: Path, histories: list[list[int]], k: int,
+               events: list[dict[str, np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(states, top-k indices) from the exported files alone, by the manifest's scoring rule; `events`:
+    each history's event feature values, one per item (the manifest's features section)."""
     manifest = json.loads((export / "manifest.json").read_text())
     session = ort.InferenceSession(str(export / "encoder.onnx"), providers=["CPUExecutionProvider"])
     tensors = safetensors_numpy.load_file(str(export / "items.safetensors"))
     max_len = manifest["max_len"]
     width = max(min(len(h), max_len) for h in histories)
-    items = np.zeros((len(histories), width), dtype=np.int64)  # left-padded, most recent last
-    for row, h in enumerate(histories):
-        tail = h[-max_len:]
-        items[row, width - len(tail):] = tail
+
+    def left_padded(rows: list[Any], dtype: type) -> np.ndarray:  # the last max_len values, most recent last
+        out = np.zeros((len(rows), width), dtype=dtype)
+        for row, values in enumerate(rows):
+            tail = np.asarray(values)[-max_len:]
+            out[row, width - len(tail):] = tail
+        return out
+
+    items = left_padded(histories, np.int64)
     feeds = {"items": items}
+    for feature in manifest["features"]["event"]:
+        feeds[feature["input"]] = left_padded([e[feature["name"]] for e in events or []], np.float32)
     if "item_inputs" in tensors:  # a text model's encoder reads the item table (grown by items added by text)
         feeds["item_inputs"] = tensors["item_inputs"]
     outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
@@ -173,15 +182,50 @@ def test_refusals(tiny_dataset: PreparedDataset, tmp_path: Path, monkeypatch: py
     with pytest.raises(SeqrecError, match="no checkpoint found"):
         export_run(tmp_path / "nowhere", tmp_path / "out")
 
-    def with_features(path: Path, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
-        model, meta = load_checkpoint(path, device)
-        model.feature_block = torch.nn.Identity()  # type: ignore[assignment]
-        return model, meta
+    def unexportable(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no such operator")
 
-    monkeypatch.setattr("seqrec.serve.export.load_checkpoint", with_features)
-    with pytest.raises(SeqrecError, match="event/item features are not exported yet"):
+    monkeypatch.setattr("seqrec.serve.export.export_onnx", unexportable)
+    with pytest.raises(SeqrecError, match=r"could not export gru4rec to ONNX \(dynamo: RuntimeError: no such"):
         export_run(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("name", "fusion"), [("sasrec", "sum"), ("gru4rec", "sum"), ("bert4rec", "concat"),
+                                              ("unisrec", "sum")])
+def test_models_with_side_features_export_and_serve(name: str, fusion: str, tmp_path: Path) -> None:
+    """Item features (every encoding) travel inside the encoder, event features are inputs: the exported
+    files and the onnx engine give PyTorch's top-10 for histories with times and ratings, and without."""
+    from tests.test_features import SPECS, model_with, prepared
+
+    data = prepared(tmp_path)
+    model = model_with(name, data, SPECS, fusion).eval()
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(model, ckpt, max_len=MAX_LEN, item_table=data.item_table)
+    manifest = export_run(ckpt, tmp_path / "export")
+    inputs = [i["name"] for i in manifest["encoder"]["inputs"]]
+    assert inputs == ["items", *(["item_inputs"] if name == "unisrec" else []), "event_gap", "event_hour",
+                      "event_rating"]
+    assert manifest["features"]["item"] == ["year", "genre"]
+    assert [f["input"] for f in manifest["features"]["event"]] == inputs[-3:]
+    torch_rec, onnx_rec = Recommender.from_run(ckpt), Recommender.from_run(ckpt, engine="onnx")
+    assert onnx_rec._onnx is not None
+    raw = torch_rec.catalogue.raw_ids
+    rng = np.random.default_rng(0)
+    histories = user_histories(data, 12, min_len=2)
+    times = [np.cumsum(rng.integers(30, 90_000, len(h))).astype(float) for h in histories]
+    ratings = [rng.integers(1, 6, len(h)).astype(float) for h in histories]
+    events = [torch_rec.history_events(len(h), t, {"rating": r}) for h, t, r in zip(histories, times, ratings,
+                                                                                     strict=True)]
+    _, top = onnx_top_k(tmp_path / "export", histories, 10, events)
+    for h, t, r, row in zip(histories, times, ratings, top, strict=True):
+        ids = [raw[i - 1] for i in h]
+        want = torch_rec.recommend(ids, k=10, times=t.tolist(), events={"rating": r.tolist()})
+        got = onnx_rec.recommend(ids, k=10, times=t.tolist(), events={"rating": r.tolist()})
+        assert [x.item for x in got] == [x.item for x in want] == [raw[i - 1] for i in row]
+        np.testing.assert_allclose([x.score for x in got], [x.score for x in want], atol=1e-4)
+        plain = onnx_rec.recommend(ids, k=10)  # no times: event features missing, as in PyTorch
+        assert [x.item for x in plain] == [x.item for x in torch_rec.recommend(ids, k=10)]
 
 
 @pytest.mark.realdata

@@ -106,6 +106,26 @@ def test_soft_one_hot_is_a_convex_combination_of_its_embeddings() -> None:
     assert not torch.allclose(enc(n)[0, 0], enc(n)[0, 1])  # different values, different vectors
 
 
+def test_onnx_forms_of_bucketize_and_vocabulary_lookup_equal_the_torch_ones(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX has neither bucketize nor searchsorted: the encoders compare with every edge or key instead
+    (always for buckets, while exporting for categorical codes), with the same results."""
+    import seqrec.nn.features as nnf
+
+    g = torch.Generator().manual_seed(0)
+    edges = torch.tensor([-1.0, 0.0, 0.0, 0.5, 2.0, 2.0, 7.0])  # repeated edges, as quantiles give
+    t = torch.cat([edges, torch.randn(200, generator=g) * 4]).reshape(3, -1)
+    assert torch.equal((edges < t.unsqueeze(-1)).sum(-1), torch.bucketize(t, edges))
+    fitted = fit_features([FeatureSpec("hour", "event", "categorical")],
+                          prepared(tmp_path))
+    enc = nnf.CategoricalInput(fitted[0], 4)
+    x = torch.tensor([[0.0, 1.0, 5.0, 23.0, float("nan"), -3.0, 12.5, 6.0]], dtype=torch.float32)
+    searched = enc.codes(x)
+    monkeypatch.setattr(nnf, "_exporting", lambda: True)
+    assert torch.equal(enc.codes(x), searched)
+    assert searched[0, 4:6, 0].tolist() == [UNKNOWN, UNKNOWN] and (searched > UNKNOWN).any()
+
+
 def test_gradient_reaches_w_b_and_e() -> None:
     torch.manual_seed(0)
     enc = SoftOneHot(d=4, size=5)

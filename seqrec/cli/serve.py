@@ -137,8 +137,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",
                    help="what encodes histories: the PyTorch model, or its encoder exported to ONNX and run by "
-                        "ONNX Runtime (on the CPU, models without side features; fewer microseconds per "
-                        "request); auto: onnx where it can, else torch")
+                        "ONNX Runtime (on the CPU; fewer microseconds per request); auto: onnx where it can, "
+                        "else torch")
     s.add_argument("--max-sessions", type=int, default=10_000)
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")

@@ -89,10 +89,15 @@ class ContinuousInput(nn.Module):
         if self.encoding == "bucket":
             t = torch.where(missing, torch.zeros_like(x), x.float())
             t = torch.log1p(t.clamp(min=0)) if self.log1p else t
-            g = self.encoder(torch.bucketize(t, self.edges))
+            g = self.encoder((self.edges < t.unsqueeze(-1)).sum(-1))  # = torch.bucketize(t, edges), in ONNX too
         else:
             g = self.encoder(self.normalise(x))
         return torch.where(missing.unsqueeze(-1), self.missing.to(g.dtype), g)
+
+
+def _exporting() -> bool:
+    """Whether the module is being traced for ONNX (either exporter)."""
+    return bool(torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting())
 
 
 class CategoricalInput(nn.Module):
@@ -113,10 +118,14 @@ class CategoricalInput(nn.Module):
 
     def codes(self, x: torch.Tensor) -> torch.Tensor:
         """(...) raw numeric values -> (..., 1) indices; NaN and values unseen in training -> 1."""
-        sorted_keys, order = torch.sort(self.keys)
         x = x.to(torch.float64)
-        if len(sorted_keys) == 0:
+        if len(self.keys) == 0:
             return torch.ones_like(x, dtype=torch.long).unsqueeze(-1)
+        if _exporting():  # ONNX has no searchsorted: compare with every key, (..., V) (the export checks it)
+            equal = x.unsqueeze(-1) == self.keys
+            code = torch.where(equal.any(-1), equal.float().argmax(-1) + 2, torch.ones_like(x, dtype=torch.long))
+            return code.unsqueeze(-1)
+        sorted_keys, order = torch.sort(self.keys)
         pos = torch.searchsorted(sorted_keys, x).clamp(max=len(sorted_keys) - 1)
         hit = torch.isfinite(x) & (sorted_keys[pos] == x)
         return torch.where(hit, order[pos] + 2, torch.ones_like(pos)).unsqueeze(-1)

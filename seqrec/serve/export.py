@@ -2,6 +2,8 @@
 
     encoder.onnx        items (B, L) int64, left-padded (0 = PAD), L <= max_len
                         [+ item_inputs (N+1, D) float32, text models: every item's input vector]
+                        [+ event_<name> (B, L) float32 per event feature, aligned with items: its raw
+                           value (gap, hour: from the history's times), NaN = missing, 0 at padding]
                         -> state (B, D) float32          = model.encode(Batch(items))
                         [-> history_offsets (B, L) float32, only for models with a learned history bias]
     items.safetensors   item_vectors (N+1, D) float32 = model.item_embeddings()  (row 0: padding)
@@ -24,7 +26,8 @@ packed sequences) or its graph does not reproduce PyTorch, the TorchScript expor
 candidate is checked with `onnx.checker` and, when onnxruntime is installed, against PyTorch on a few
 batches of other shapes (text models: also on an item table grown after the export; max abs difference
 `ATOL`); the manifest names the exporter that passed.
-Models with side features (event or item features) are not exported yet.
+Item features travel inside the encoder (their per-item tables are the checkpoint's buffers); event
+features are inputs, computed by the caller exactly as `Recommender.history_events` does.
 """
 
 from __future__ import annotations
@@ -90,14 +93,17 @@ class EncoderForExport(nn.Module):
         super().__init__()
         self.model, self.n_items, self.max_len = model, n_items, max_len
         self.takes_table = takes_table(model)
+        self.event_names = model.event_feature_names()  # each one an input after items (and item_inputs)
         self.table: torch.Tensor | None = None  # text models: (N+1, D) every item's input vector, computed once
         if self.takes_table:
             with torch.no_grad():
                 self.table = model.input_table().float()  # type: ignore[operator]
 
-    def forward(self, items: torch.Tensor, item_inputs: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        batch = Batch(items=items)
+    def forward(self, items: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """items (B, L), then a text model's item_inputs (N+1, D), then each event feature (B, L)."""
+        item_inputs = rest[0] if self.takes_table else None
+        events = dict(zip(self.event_names, rest[int(self.takes_table):], strict=True)) or None
+        batch = Batch(items=items, events=events)
         state = (self.model.encode(batch) if item_inputs is None
                  else self.model.encode(batch, table=item_inputs)).float()  # type: ignore[call-arg]  # (B, D)
         if self.model.history is None:
@@ -105,17 +111,25 @@ class EncoderForExport(nn.Module):
         return state, self.model.history.offsets(items).float()  # (B, L)
 
     def input_names(self) -> list[str]:
-        return ["items", "item_inputs"] if self.takes_table else ["items"]
+        return ["items", *(["item_inputs"] if self.takes_table else []), *event_inputs(self.event_names)]
+
+    def input_dims(self) -> list[dict[int, str]]:
+        """The dynamic axes of each input, in `input_names` order."""
+        per_position = {0: "B", 1: "L"}
+        return [per_position, *([{0: "N"}] if self.takes_table else []), *[per_position] * len(self.event_names)]
 
     def example(self, batch: int, width: int, seed: int = 0, extra: int = 0) -> tuple[torch.Tensor, ...]:
-        """Inputs of the given shape; text models' table grown by `extra` random rows, which the items use."""
+        """Inputs of the given shape; text models' table grown by `extra` random rows, which the items use;
+        event values drawn around each feature's training values, some missing, 0 at padding."""
+        g = torch.Generator().manual_seed(seed)
         items = example_items(self.n_items, batch, width, seed)
-        if self.table is None:
-            return (items,)
-        if extra:  # every row ends with one of the rows added after the export
-            items[:, -1] = self.n_items + 1 + torch.arange(batch) % extra
-        grown = torch.randn(extra, self.table.shape[1], generator=torch.Generator().manual_seed(seed))
-        return items, torch.cat([self.table, grown])
+        table: tuple[torch.Tensor, ...] = ()
+        if self.table is not None:
+            if extra:  # every row ends with one of the rows added after the export
+                items[:, -1] = self.n_items + 1 + torch.arange(batch) % extra
+            table = (torch.cat([self.table, torch.randn(extra, self.table.shape[1], generator=g)]),)
+        events = tuple(example_events(self.model.feature_block, name, items, g) for name in self.event_names)
+        return (items, *table, *events)
 
 
 class AdaptorForExport(nn.Module):
@@ -130,6 +144,29 @@ class AdaptorForExport(nn.Module):
     def forward(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = self.model.text_inputs(text).float()  # type: ignore[operator]
         return inputs, self.model.scored(inputs).float()  # type: ignore[operator]
+
+
+def event_inputs(names: list[str]) -> list[str]:
+    """The encoder's input name of each event feature."""
+    return [f"event_{name}" for name in names]
+
+
+def example_events(block: Any, name: str, items: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """(B, L) raw values of event feature `name` for the export's checks: a categorical feature's values
+    from its training vocabulary (and one unseen value), a continuous one's around its training scale;
+    one in five missing (NaN), padding 0."""
+    from seqrec.nn.features import CategoricalInput
+
+    enc = block.encoders[name]
+    shape = tuple(items.shape)
+    if isinstance(enc, CategoricalInput):
+        keys = torch.cat([enc.keys.float(), torch.tensor([-12345.0])])
+        values = keys[torch.randint(len(keys), shape, generator=g)]
+    else:
+        scale = torch.exp(enc.mean + enc.std) if enc.log1p else enc.mean.abs() + enc.std
+        values = torch.rand(shape, generator=g) * 2 * scale
+    values = torch.where(torch.rand(shape, generator=g) < 0.2, torch.nan, values)
+    return torch.where(items > 0, values, torch.zeros(())).float()
 
 
 def takes_table(model: SequentialModel) -> bool:
@@ -188,7 +225,9 @@ def export_onnx(wrapper: nn.Module, path: Path, exporter: str, opset: int | None
                 low, high = bounds.get(name, (DIM_MIN.get(name, 1), None))
                 return None if high is not None and high < 2 else torch.export.Dim(name, min=low, max=high)
 
-            shapes = tuple({axis: dim(name) for axis, name in d.items()} for d in dims)
+            shapes: tuple[Any, ...] = tuple({axis: dim(name) for axis, name in d.items()} for d in dims)
+            if isinstance(wrapper, EncoderForExport) and len(shapes) > 1:  # forward(items, *rest): nested
+                shapes = (shapes[0], shapes[1:])
             size = sum(t.numel() * t.element_size() for t in (*wrapper.parameters(), *wrapper.buffers()))
             torch.onnx.export(wrapper, example, str(path), input_names=input_names, output_names=output_names,
                               opset_version=opset, dynamo=True, dynamic_shapes=shapes, verbose=False,
@@ -251,9 +290,8 @@ def write_encoder(wrapper: EncoderForExport, path: Path, opset: int | None) -> s
     width = wrapper.max_len
     shapes = [(2, width, 0), (1, 1, 0), (3, min(2, width), 3), (5, max(1, width - 1), 7)]
     checks = [wrapper.example(b, w, seed=i + 1, extra=extra) for i, (b, w, extra) in enumerate(shapes)]
-    dims = [{0: "B", 1: "L"}, {0: "N"}][: len(wrapper.input_names())]
     return write_graph(wrapper, path, opset, wrapper.example(2, width), checks, wrapper.input_names(),
-                       output_names(wrapper.model), dims, wrapper.model.name)
+                       output_names(wrapper.model), wrapper.input_dims(), wrapper.model.name)
 
 
 def write_adaptor(model: SequentialModel, path: Path, opset: int | None) -> str:
@@ -295,6 +333,9 @@ def interface(wrapper: EncoderForExport, d: int) -> tuple[list[dict[str, Any]], 
         inputs.append({"name": "item_inputs", "dtype": "float32", "shape": ["N", d],
                        "doc": "every item's input vector (items.safetensors item_inputs, with the rows of items "
                               "added since: see text)"})
+    for name, field in zip(event_inputs(wrapper.event_names), wrapper.event_names, strict=True):
+        inputs.append({"name": name, "dtype": "float32", "shape": ["B", "L"],
+                       "doc": f"event feature {field!r} of each position of items (see features), NaN = missing"})
     outputs = [{"name": "state", "dtype": "float32", "shape": ["B", d],
                 "doc": "the state that predicts the next item"}]
     if wrapper.model.history is not None:
@@ -320,8 +361,27 @@ def build_manifest(wrapper: EncoderForExport, meta: dict[str, Any], exporter: st
         "encoder": {"file": "encoder.onnx", "inputs": inputs, "outputs": outputs},
         "items": {"file": "items.safetensors", "tensors": tensors},
         "scoring": SCORING,
+        "features": features_section(wrapper.model),
         "item_ids": [None, *item_ids],  # index i -> raw id; 0 is padding
     }
+
+
+EVENT_VALUES = {
+    "gap": "seconds since the previous event of the history (before the window too); NaN for its first event",
+    "hour": "floor((time mod 86400) / 3600): the event's UTC hour",
+}
+
+
+def features_section(model: SequentialModel) -> dict[str, Any]:
+    """The side features: item ones live in the encoder; each event one is an input and says its value."""
+    block = model.feature_block
+    if block is None:
+        return {"item": [], "event": []}
+    fields = [f.spec for f in block.fitted]
+    return {"item": [f.name for f in fields if f.level == "item"],
+            "event": [{"name": f.name, "input": event_inputs([f.name])[0], "kind": f.kind,
+                       "value": EVENT_VALUES.get(f.name, f"the event's {f.name!r} value, as in the training log")}
+                      for f in fields if f.level == "event"]}
 
 
 def text_section(model: SequentialModel, exporter: str) -> dict[str, Any]:
@@ -355,8 +415,6 @@ def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = 
         raise SeqrecError("ONNX export needs the onnx package: pip install 'seqrec[serve]'") from None
     ckpt = checkpoint_dir(Path(run))
     model, meta = load_checkpoint(ckpt, "cpu")
-    if model.feature_block is not None:
-        raise SeqrecError(f"{ckpt}: {model.name} uses side features; event/item features are not exported yet")
     item_ids = pl.read_parquet(ckpt / "items.parquet").sort("idx")["item"].to_list()
     if len(item_ids) != meta["n_items"]:
         raise SeqrecError(f"{ckpt / 'items.parquet'}: {len(item_ids)} items, model.json says {meta['n_items']}")

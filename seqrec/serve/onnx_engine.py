@@ -2,11 +2,12 @@
 
 A text model's exported encoder takes every item's input vector as its second input (`item_inputs`,
 (N+1, D)); `OnnxEncoder` keeps that table beside the catalogue and grows it as items are added by text.
+A model with event features takes each one's (B, L) values as an input of its own (`event_<name>`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,11 @@ class OnnxEncoder:
             import onnxruntime as ort
         except ImportError:
             raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
-        from seqrec.serve.export import EncoderForExport, write_encoder
+        from seqrec.serve.export import EncoderForExport, event_inputs, write_encoder
 
         wrapper = EncoderForExport(model, n_items, max_len)
+        self.event_names = wrapper.event_names
+        self._inputs = dict(zip(self.event_names, event_inputs(self.event_names), strict=True))
         with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
             path = Path(tmp) / "encoder.onnx"
             write_encoder(wrapper, path, None)
@@ -62,12 +65,16 @@ class OnnxEncoder:
         buffer[np.asarray(ids)] = values
         self._table = buffer[:n]
 
-    def __call__(self, items: np.ndarray) -> np.ndarray:
-        """(B, L) left-padded item indices -> (B, D) states."""
+    def __call__(self, items: np.ndarray, events: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """(B, L) left-padded item indices (and each event feature's (B, L) values) -> (B, D) states."""
         feeds = {"items": items}
         table = self._table
         if table is not None:
             feeds["item_inputs"] = table
+        missing = [n for n in self.event_names if n not in (events or {})]
+        if missing:
+            raise SeqrecError(f"the batch lacks event feature(s) {missing}")
+        feeds.update({self._inputs[name]: events[name] for name in self.event_names} if events else {})
         return self.session.run(["state"], feeds)[0]
 
 

@@ -95,7 +95,8 @@ class Recommender:
         PyTorch's per-operator overhead on small batches and runs without holding Python's GIL, so a
         service answers more requests per core. Sessions (KV cache) and top-k stay in PyTorch. Text
         models keep taking items by text: the exported encoder reads a table of item input vectors
-        that grows with the catalogue. Not for models with side features, nor a model on a GPU.
+        that grows with the catalogue; event features are inputs of the exported encoder. Not for a
+        model on a GPU.
         "auto": onnx where it can serve the model (and its export passes the check against PyTorch),
         else torch; the choice and its reason are logged."""
         if engine == "auto":
@@ -103,8 +104,8 @@ class Recommender:
             if why is None:
                 try:
                     self.use_engine("onnx")
-                    log.info("engine: onnx (auto: %s has no side features, runs on the CPU and its export "
-                             "matched PyTorch)", self.model.name)
+                    log.info("engine: onnx (auto: %s runs on the CPU and its export matched PyTorch)",
+                             self.model.name)
                     return
                 except SeqrecError as exc:
                     why = str(exc)
@@ -123,8 +124,6 @@ class Recommender:
 
     def _no_onnx(self) -> str | None:
         """Why the onnx engine cannot serve this model here, or None."""
-        if self.model.feature_block is not None:
-            return f"{self.model.name} uses side features, which the ONNX export does not carry yet"
         if self.catalogue.vectors.device.type != "cpu":
             return f"the onnx engine runs on the CPU; the model is on {self.catalogue.vectors.device}"
         import importlib.util
@@ -242,8 +241,9 @@ class Recommender:
                ) -> tuple[torch.Tensor, Batch]:
         """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items)."""
         batch = history_batch([list(h) for h in histories], self.max_len, events or None)
-        if self._onnx is not None and batch.events is None:
-            return torch.from_numpy(self._onnx(batch.items.numpy())), batch
+        if self._onnx is not None:
+            values = None if batch.events is None else {k: v.numpy() for k, v in batch.events.items()}
+            return torch.from_numpy(self._onnx(batch.items.numpy(), values)), batch
         batch = batch.to(self.catalogue.vectors.device)
         return self.model.encode(batch), batch
 

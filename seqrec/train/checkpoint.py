@@ -15,6 +15,7 @@ checked for being readable (safetensors header, parquet footer).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -62,6 +63,21 @@ def folder_digests(folder: Path, skip: tuple[str, ...] = (META,)) -> dict[str, d
             if p.relative_to(folder).as_posix() not in skip}
 
 
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """The model's weights as safetensors. safetensors refuses a tensor that is a view into a larger
+    buffer: cuDNN packs a GRU's weights into one on CUDA. Such tensors are saved from a copy with a
+    storage of their own; tied weights (one tensor under two names) stay one tensor."""
+    def packed(t: torch.Tensor) -> bool:
+        return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+
+    if any(packed(t) for t in model.state_dict().values()):
+        model = copy.deepcopy(model)
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if packed(tensor):
+                tensor.data = tensor.data.clone()
+    save_model(model, str(path))
+
+
 def save_checkpoint(model: SequentialModel, dest: Path, *, max_len: int, item_table: pl.DataFrame,
                     extra: dict[str, Any] | None = None) -> None:
     meta = {
@@ -75,7 +91,7 @@ def save_checkpoint(model: SequentialModel, dest: Path, *, max_len: int, item_ta
     if model.feature_block is not None:
         meta["features"] = FeatureInputs(model.feature_block.fitted, model.feature_block.fusion).to_json()
     with atomic_dir(Path(dest)) as tmp:
-        save_model(model, str(tmp / WEIGHTS))
+        save_weights(model, tmp / WEIGHTS)
         item_table.write_parquet(tmp / "items.parquet")
         meta["files"] = folder_digests(tmp)  # model.json last: it vouches for what is already written
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 
 from seqrec.data.io import atomic_dir, read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.base import EpochBatches, SequentialModel
+from seqrec.train.checkpoint import save_weights
 from seqrec.train.ema import WeightAverage
 
 
@@ -73,9 +74,9 @@ def save_state(dest: Path, loop: LoopState, model: SequentialModel, opt: torch.o
         "ema_updates": None if ema is None else ema.updates,
     }
     with atomic_dir(dest) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))
+        save_weights(model, tmp / "model.safetensors")
         if ema is not None:
-            save_model(ema.model, str(tmp / "ema.safetensors"))
+            save_weights(ema.model, tmp / "ema.safetensors")
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta) + "\n")
 
