@@ -48,8 +48,9 @@ def machine() -> dict[str, Any]:
                                 text=True, check=False).stdout.strip()
     except OSError:
         commit = ""
+    gpu = {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "commit": commit}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "commit": commit, **gpu}
 
 
 def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:

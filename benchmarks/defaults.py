@@ -188,8 +188,9 @@ def main() -> None:
     runs = before.get("runs", {})
     for row in before.get("rows", []):  # files written before runs kept it themselves
         runs.get(f"{row['dataset']}/{row['model']}", {}).setdefault("stopped_by_cap", row.get("stopped_by_cap"))
-    for other in args.include:
-        runs.update(json.loads(other.read_text())["runs"])
+    for other in args.include:  # each run keeps the machine it ran on (another machine's file: a GPU, say)
+        joined = json.loads(other.read_text())
+        runs.update({k: {"machine": joined.get("machine"), **r} for k, r in joined["runs"].items()})
     runs = {k: r if "train_defaults" in r or not _folder_holds(r) else with_run_folder(r) for k, r in runs.items()}
     if not args.report_only:
         for dataset in args.datasets:

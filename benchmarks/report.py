@@ -647,32 +647,60 @@ def auto_decisions(d: dict[str, Any]) -> list[str]:
 
 def defaults(d: dict[str, Any]) -> list[str]:
     lines = ["## Defaults: `seqrec train --model M` with no config", "",
-             "The command a new user types (progress bar off, one thread, the time cap in the file), against the "
+             "The command a new user types (progress bar off, one thread, the time cap in the file) on this 2-core "
+             "CPU, or, where the device column says so, on a lent GPU (up to 22 runs side by side, each one CPU "
+             "thread), against the "
              "best-validated run of the same model on the same data anywhere in the results files. Goal: "
              f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`. A row with training "
              "defaults was run with each model's own (`TRAIN_DEFAULTS`: SASRec AdamW with decay 0.1 and a weight "
              "average, every sequence model a refit on train + valid); the previous default is the same command "
              "before them (`results/defaults_previous.json`), validation / test.", "",
-             *header(["dataset", "model", "training defaults", "default valid / test N@10", "previous default",
-                      "epochs", "time cap s", "stopped by the cap", "auto decisions", "best row test N@10",
-                      "best row", "ratio", "goal met"])]
+             *header(["dataset", "model", "device", "training defaults", "default valid / test N@10",
+                      "previous default", "epochs", "time cap s", "stopped by the cap", "auto decisions",
+                      "best row test N@10", "best row", "ratio", "goal met"])]
     for r in d["rows"]:
         run, best = r["default"], r.get("best")
         if "test" not in run:
-            lines.append(row([r["dataset"], r["model"], DASH,
+            lines.append(row([r["dataset"], r["model"], _device(run), DASH,
                               "failed: " + run.get("error", "").strip().splitlines()[-1],
                               *[DASH] * 8, "no"]))
             continue
         auto = "; ".join(f"{a['key']}={a['value']}" for a in run.get("auto", [])) or DASH
         cap = DASH if r.get("stopped_by_cap") is None else yes(r["stopped_by_cap"], "no")
         prev = r.get("previous_default")
-        lines.append(row([r["dataset"], r["model"], _train_defaults(run.get("train_defaults")),
+        lines.append(row([r["dataset"], r["model"], _device(run), _train_defaults(run.get("train_defaults")),
                           f"{f4(run['valid']['ndcg@10'])} / {f4(run['test']['ndcg@10'])}",
                           f"{f4(prev['valid_ndcg@10'])} / {f4(prev['test_ndcg@10'])}" if prev else DASH,
                           run["epochs_run"], _time_cap(run.get("command", "")), cap, auto,
                           f4(best["test"]["ndcg@10"]) if best else DASH, f"`{best['from']}`" if best else DASH,
                           num(r.get("ratio"), 2), yes(r.get("meets_goal"), "no") if best else DASH]))
     return lines
+
+
+def history_bias_section(d: dict[str, Any]) -> list[str]:
+    """Each model's defaults with the learned history bias on and off, where users return to items."""
+    rows = []
+    for r in d["rows"]:
+        on, off = r["runs"]["on"], r["runs"]["off"]
+        rows.append([r["dataset"], r["model"], f"{r['repeat_rate']:.1%}",
+                     *[f"{f4(x['valid']['ndcg@10'])} / {f4(x['test']['ndcg@10'])}" if "valid" in x else "failed"
+                       for x in (on, off)], r["validation_prefers"] or DASH])
+    return ["## The history bias where users return", "",
+            "`seqrec train --model M` (the defaults) with `model.history_bias` on and off, on the data whose users "
+            "come back to items they had (repeat rate: the share of training events that return to an item of "
+            "the user's history). The `auto` rule follows what validation prefers here: on, whatever the repeat "
+            f"rate. Script: `benchmarks/history_bias.py`; file: `results/history_bias.json`; command: "
+            f"`{d['command']}`.", "",
+            *table(["dataset", "model", "repeat rate", "bias on: valid / test N@10", "bias off: valid / test N@10",
+                    "validation prefers"], rows)]
+
+
+def _device(run: dict[str, Any]) -> str:
+    """Where a defaults run trained: this machine's CPU, or the GPU of the machine its file came from."""
+    m = run.get("machine") or {}
+    if run.get("device") != "cuda":
+        return "CPU"
+    return f"{m.get('gpu', 'GPU')} (torch {m['torch']})" if m.get("torch") else "GPU"
 
 
 def _time_cap(command: str) -> str:
@@ -899,12 +927,13 @@ SECTIONS: list[tuple[str, Render]] = [
     ("ddp_scaling.json", ddp_scaling),
     ("defaults.json", defaults),
     ("auto_decisions.json", auto_decisions),
+    ("history_bias.json", history_bias_section),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json",
-                "ddp_scaling.json", "defaults.json", "auto_decisions.json")
+                "ddp_scaling.json", "defaults.json", "auto_decisions.json", "history_bias.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

@@ -10,8 +10,8 @@ tends to top its own ranking (on Beauty it is in the top 10 for most test users)
 module learns the answer from the training sequences instead of leaving it to a
 seen-item filter at serving time: beta goes strongly negative on data without repeats,
 positive where repeats are common, and it is the same at training, evaluation and
-serving, so no protocol changes. `model.history_bias`: "auto" by default (`seqrec.train.auto`
-decides from the training data's repeat rate).
+serving, so no protocol changes. `model.history_bias`: "auto" by default (`seqrec.train.auto`:
+on wherever the loss is the full softmax).
 
 Shapes: B batch, L window, M positions with a target, D model width.
 """

@@ -1,10 +1,11 @@
 """Settings read from the data: `"auto"` values of a model config, decided from the training split.
 
-    model.history_bias = "auto"   on when users rarely return to items they already have (repeat rate
-                                  of the training events below REPEAT_RATE_ON): the learned offset then
-                                  pushes seen items down, as the Amazon builds reward; off when repeats
-                                  are common (the model scores a return itself) or the loss is not the
-                                  full softmax the offset enters.
+    model.history_bias = "auto"   on wherever the loss is the full softmax the offset enters: it learns
+                                  its sign from the training sequences, pushing seen items down where
+                                  users rarely return (the Amazon builds) and up where returns are
+                                  common (diginetica: benchmarks/history_bias.py); the decision records
+                                  the repeat rate. Off for a sampled loss and GRU4Rec's session-parallel
+                                  batches.
 
     data.stride = "auto"          overlapping training windows (a stride of max_len / 5) when more than
                                   LONG_SHARE of the training targets lie beyond the last max_len items
@@ -47,7 +48,7 @@ from seqrec.nn.losses import CHUNK_ELEMENTS
 
 log = logging.getLogger(__name__)
 
-REPEAT_RATE_ON = 0.05  # a history bias when fewer training events than this return to a seen item
+RETURNS_COMMON = 0.05  # above this repeat rate the history offsets are expected to come out positive (the log says)
 LONG_SHARE = 0.10  # overlapping windows when more training targets than this lie beyond one window
 CE_EPOCH_SECONDS = 600.0  # the most matmul time per epoch the full softmax's output layer may take
 SAMPLED_NEGATIVES = 1024  # negatives per batch of the sampled softmax "auto" falls back to
@@ -102,12 +103,9 @@ def _history_bias(model_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
         value, reason = False, f"model.loss={model_cfg.loss!r}: the offset needs the full softmax ('ce')"
     elif getattr(model_cfg, "session_parallel", False):
         value, reason = False, "GRU4Rec's session-parallel batches mix sessions in a lane"
-    elif rate < REPEAT_RATE_ON:
-        value, reason = True, (f"{rate:.1%} of training events return to an item the user had "
-                               f"(< {REPEAT_RATE_ON:.0%}): learn to push seen items down")
     else:
-        value, reason = False, (f"{rate:.1%} of training events return to an item the user had "
-                                f"(>= {REPEAT_RATE_ON:.0%}): returns are common, the model scores them itself")
+        value, reason = True, (f"{rate:.1%} of training events return to an item the user had: the offsets "
+                               f"learn to push seen items {'down' if rate < RETURNS_COMMON else 'up'}")
     model_cfg.history_bias = value
     return {"key": "history_bias", "value": value, "reason": reason, "repeat_rate": rate}
 
