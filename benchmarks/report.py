@@ -648,8 +648,8 @@ def auto_decisions(d: dict[str, Any]) -> list[str]:
 def defaults(d: dict[str, Any]) -> list[str]:
     lines = ["## Defaults: `seqrec train --model M` with no config", "",
              "The command a new user types (progress bar off, one thread, the time cap in the file) on this 2-core "
-             "CPU, or, where the device column says so, on a lent GPU (up to 22 runs side by side, each one CPU "
-             "thread), against the "
+             "CPU, or, where the device column says so, on a lent GPU (an NVIDIA H200, up to 22 runs side by side, "
+             "each one CPU thread), against the "
              "best-validated run of the same model on the same data anywhere in the results files. Goal: "
              f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`. A row with training "
              "defaults was run with each model's own (`TRAIN_DEFAULTS`: SASRec AdamW with decay 0.1 and a weight "
@@ -674,6 +674,36 @@ def defaults(d: dict[str, Any]) -> list[str]:
                           run["epochs_run"], _time_cap(run.get("command", "")), cap, auto,
                           f4(best["test"]["ndcg@10"]) if best else DASH, f"`{best['from']}`" if best else DASH,
                           num(r.get("ratio"), 2), yes(r.get("meets_goal"), "no") if best else DASH]))
+    return lines
+
+
+def encoders(d: dict[str, Any]) -> list[str]:
+    """The same UniSRec with each frozen text encoder: its cost, what its vectors know untrained, and the
+    trained rows made with it beside the default encoder's."""
+    rows, trained = [], []
+    for r in d["rows"]:
+        u = r["untrained"]
+        name = "all-MiniLM-L6-v2 (packaged)" if r["encoder"] == "default" else Path(r["encoder"]).name
+        rows.append([r["tag"], f"`{name}`", r["dim"], f"{r['texts_per_s']:.0f}",
+                     f"{r['precision']}, {r['threads']} thread(s)",
+                     f"{f4(u['valid_ndcg@10'])} / {f4(u['test_ndcg@10'])}"])
+        for t in r["trained"]:
+            base = t["default"]
+            trained.append([t["method"], _share(t["fraction"]), t["seed"], r["tag"],
+                            f"{f4(t['encoder']['valid_ndcg@10'])} / {f4(t['encoder']['test_ndcg@10'])}",
+                            f"{f4(base['valid_ndcg@10'])} / {f4(base['test_ndcg@10'])}" if base else DASH])
+    lines = [f"## Encoder choice on {d['target']}", "",
+             "The same UniSRec (the target's config) with each frozen text encoder. Untrained: a fresh model "
+             "(seed 0), whose adaptor and near-identity Transformer rank items by text similarity to the history, "
+             "so what the encoder's vectors alone know. Texts/s: the target's first item texts, on this machine "
+             "beside other jobs (a ratio, not a speed). Script: `benchmarks/encoders.py`; file: "
+             f"`results/encoders_{d['target']}.json`; command: `{d['command']}`.", "",
+             *table(["encoder", "model", "width", "texts/s", "precision", "untrained valid / test N@10"], rows)]
+    if trained:
+        lines += ["", "Trained from scratch with the encoder (`benchmarks/data_efficiency.py` runs with "
+                  "`model.text_encoder`), against the same recipe, fraction and seed with the default encoder:", "",
+                  *table(["recipe", "users", "seed", "encoder", "valid / test N@10", "default encoder valid / test"],
+                         trained)]
     return lines
 
 
@@ -928,12 +958,14 @@ SECTIONS: list[tuple[str, Render]] = [
     ("defaults.json", defaults),
     ("auto_decisions.json", auto_decisions),
     ("history_bias.json", history_bias_section),
+    ("encoders_*.json", encoders),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json",
-                "ddp_scaling.json", "defaults.json", "auto_decisions.json", "history_bias.json")
+                "ddp_scaling.json", "defaults.json", "auto_decisions.json", "history_bias.json",
+                "encoders_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

@@ -66,6 +66,11 @@ COLD_RUNS = {  # run folder -> command
     "unisrec-cold20-pretrained-inductive": f"{STAGE} cold-pretrained",
     **{f"unisrec-cold20-pretrained-hist-inductive-softmax-{w}": f"{STAGE} cold-pretrained-hist {w}"
        for w in ("trained", "all")},
+    # the same from Games pre-trained for 30 epochs (games-centre-hist ran 1,645 steps, about 9)
+    "unisrec-cold20-pretrained-hist-zero-shot-games-centre-hist-e30":
+        f"HIST=games-centre-hist-e30 {STAGE} cold-zero-shot-hist",
+    "unisrec-cold20-pretrained-hist-inductive-softmax-trained-games-centre-hist-e30":
+        f"HIST=games-centre-hist-e30 {STAGE} cold-pretrained-hist trained",
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
 MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")
