@@ -21,6 +21,7 @@ from seqrec.train.checkpoint import (
     CHUNK,
     file_digest,
     load_checkpoint,
+    load_weights,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -185,7 +186,7 @@ def test_weights_packed_into_one_buffer_are_saved(tmp_path: Path) -> None:
     """On CUDA, cuDNN packs a GRU's weights into one buffer (each weight a view of it), which safetensors
     refuses to save as it is (a GRU4Rec trained on a GPU could not be checkpointed). The same packing
     made on the CPU: saved, loaded back equal, and the model itself left as it was."""
-    from safetensors.torch import save_model
+    from safetensors.torch import load_model, save_model
 
     torch.manual_seed(0)
     cfg = build(model_config_class("gru4rec"), {"name": "gru4rec", "d": 16}, "model")
@@ -203,3 +204,27 @@ def test_weights_packed_into_one_buffer_are_saved(tmp_path: Path) -> None:
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert all(w.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for w in weights)
+    # loading into the packed model (a resumed run on CUDA): copied into the buffer, which stays packed
+    with torch.no_grad():
+        flat.zero_()
+    with pytest.raises(RuntimeError, match="entire storage"):
+        load_model(model, str(tmp_path / "ckpt" / "model.safetensors"))
+    load_weights(model, tmp_path / "ckpt" / "model.safetensors")
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert all(w.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for w in weights)
+
+
+def test_load_weights_keeps_tied_weights_and_names_what_does_not_fit(tmp_path: Path) -> None:
+    model = tiny_sasrec()
+    save_checkpoint(model, tmp_path / "ckpt", max_len=8, item_table=item_table())
+    other = tiny_sasrec()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.zero_()
+    load_weights(other, tmp_path / "ckpt" / "model.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values(),
+                                                 strict=True))
+    cfg = build(model_config_class("sasrec"), {"name": "sasrec", "d": 8, "n_heads": 2, "d_ff": 32}, "model")
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_weights(build_model(cfg, N_ITEMS, 8), tmp_path / "ckpt" / "model.safetensors")

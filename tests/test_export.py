@@ -200,6 +200,10 @@ def test_models_with_side_features_export_and_serve(name: str, fusion: str, tmp_
 
     data = prepared(tmp_path)
     model = model_with(name, data, SPECS, fusion).eval()
+    with torch.no_grad():  # trained-looking features: missing vectors and encoders far from their zero init
+        assert model.feature_block is not None
+        for p in model.feature_block.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
     ckpt = tmp_path / "ckpt"
     save_checkpoint(model, ckpt, max_len=MAX_LEN, item_table=data.item_table)
     manifest = export_run(ckpt, tmp_path / "export")
@@ -226,6 +230,27 @@ def test_models_with_side_features_export_and_serve(name: str, fusion: str, tmp_
         np.testing.assert_allclose([x.score for x in got], [x.score for x in want], atol=1e-4)
         plain = onnx_rec.recommend(ids, k=10)  # no times: event features missing, as in PyTorch
         assert [x.item for x in plain] == [x.item for x in torch_rec.recommend(ids, k=10)]
+        assert [x.score for x in plain] != pytest.approx([x.score for x in got], abs=1e-4)  # the events count
+    many = [[raw[i - 1] for i in h] for h in histories[:4]]  # batch requests: event values missing
+    assert [[x.item for x in rs] for rs in onnx_rec.recommend_many(many, k=5)] == \
+        [[x.item for x in torch_rec.recommend(h, k=5)] for h in many]
+
+
+def test_a_huge_event_vocabulary_is_not_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The exported lookup compares a value with every key: refused above the limit, and the auto engine
+    says so and serves with PyTorch."""
+    from tests.test_features import SPECS, model_with, prepared
+
+    data = prepared(tmp_path)
+    save_checkpoint(model_with("sasrec", data, SPECS).eval(), tmp_path / "ckpt", max_len=MAX_LEN,
+                    item_table=data.item_table)
+    monkeypatch.setattr("seqrec.serve.export.EVENT_VOCAB_LIMIT", 3)
+    with pytest.raises(SeqrecError, match=r"event feature 'hour' has \d+ values.*--engine torch"):
+        export_run(tmp_path / "ckpt", tmp_path / "export")
+    with caplog.at_level("INFO", logger="seqrec.serve.recommender"):
+        assert Recommender.from_run(tmp_path / "ckpt", engine="auto")._onnx is None
+    assert "engine: torch (event feature 'hour'" in caplog.text
 
 
 @pytest.mark.realdata

@@ -112,12 +112,15 @@ def test_onnx_forms_of_bucketize_and_vocabulary_lookup_equal_the_torch_ones(tmp_
     (always for buckets, while exporting for categorical codes), with the same results."""
     import seqrec.nn.features as nnf
 
-    g = torch.Generator().manual_seed(0)
-    edges = torch.tensor([-1.0, 0.0, 0.0, 0.5, 2.0, 2.0, 7.0])  # repeated edges, as quantiles give
-    t = torch.cat([edges, torch.randn(200, generator=g) * 4]).reshape(3, -1)
-    assert torch.equal((edges < t.unsqueeze(-1)).sum(-1), torch.bucketize(t, edges))
-    fitted = fit_features([FeatureSpec("hour", "event", "categorical")],
-                          prepared(tmp_path))
+    data = prepared(tmp_path)
+    rating, = fit_features([FeatureSpec("rating", "event", "continuous", "bucket", size=4)], data)
+    enc = nnf.ContinuousInput(rating, 4)
+    x = torch.cat([enc.edges, torch.tensor([-3.0, 0.5, 2.5, 9.0, float("nan")])]).reshape(1, -1)
+    table = enc.encoder.weight  # what bucketize would pick, NaN (missing) aside
+    want = torch.where(torch.isnan(x).unsqueeze(-1), enc.missing,
+                       table[torch.bucketize(torch.nan_to_num(x), enc.edges)])
+    assert len(enc.edges) >= 2 and torch.equal(enc(x), want)
+    fitted = fit_features([FeatureSpec("hour", "event", "categorical")], data)
     enc = nnf.CategoricalInput(fitted[0], 4)
     x = torch.tensor([[0.0, 1.0, 5.0, 23.0, float("nan"), -3.0, 12.5, 6.0]], dtype=torch.float32)
     searched = enc.codes(x)

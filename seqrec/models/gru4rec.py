@@ -114,7 +114,7 @@ class GRU4RecConfig:
     output_bias: bool = True
     tied: bool = True
     history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
-    # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
+    # (seqrec.nn.history); "auto": on with a full-softmax loss (seqrec.train.auto)
 
     def __post_init__(self) -> None:
         if self.n_layers < 1 or not 0 <= self.dropout < 1:

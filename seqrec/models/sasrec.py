@@ -64,7 +64,7 @@ class SASRecConfig:
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
     input_norm: bool = False  # LayerNorm(item + position) before the dropout, as BERT and RecBole's SASRec do
     history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
-    # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
+    # (seqrec.nn.history); "auto": on with a full-softmax loss (seqrec.train.auto)
 
     def __post_init__(self) -> None:
         check_encoder_config(self)

@@ -67,7 +67,7 @@ class UniSRecConfig:
     # pre-training's negatives are the other items of its batch)
     softmax_items: Literal["trained", "all"] = "all"
     history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
-    # (seqrec.nn.history); "auto": from the training data's repeat rate (seqrec.train.auto)
+    # (seqrec.nn.history); "auto": on with a full-softmax loss (seqrec.train.auto)
     init_std: float = 0.02
     # how the text vectors are made (the key of the text cache; see seqrec.data.text)
     text_dim: int = 384

@@ -60,6 +60,7 @@ FORMATS = ("onnx",)
 EXPORTERS = ("dynamo", "torchscript")
 ATOL = 1e-4  # max |ONNX - PyTorch| accepted on the self-check batches
 DIM_MIN = {"N": 2}  # the item table has padding and at least one item
+EVENT_VOCAB_LIMIT = 4096  # keys of a categorical event feature the exported lookup compares a value with
 INLINE_LIMIT = 1 << 30  # weights above this many bytes go to encoder.onnx.data (protobuf stops at 2 GiB)
 MANIFEST = "manifest.json"
 QUIET_LOGGERS = ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")
@@ -94,6 +95,7 @@ class EncoderForExport(nn.Module):
         self.model, self.n_items, self.max_len = model, n_items, max_len
         self.takes_table = takes_table(model)
         self.event_names = model.event_feature_names()  # each one an input after items (and item_inputs)
+        check_vocabularies(model)
         self.table: torch.Tensor | None = None  # text models: (N+1, D) every item's input vector, computed once
         if self.takes_table:
             with torch.no_grad():
@@ -144,6 +146,19 @@ class AdaptorForExport(nn.Module):
     def forward(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = self.model.text_inputs(text).float()  # type: ignore[operator]
         return inputs, self.model.scored(inputs).float()  # type: ignore[operator]
+
+
+def check_vocabularies(model: SequentialModel) -> None:
+    """The exported graph looks an event value up by comparing it with every key of its vocabulary (ONNX
+    has no searchsorted): (B, L, V) per call, refused above EVENT_VOCAB_LIMIT keys."""
+    from seqrec.nn.features import CategoricalInput
+
+    block = model.feature_block
+    for name in model.event_feature_names():
+        enc = block.encoders[name] if block is not None else None
+        if isinstance(enc, CategoricalInput) and len(enc.keys) > EVENT_VOCAB_LIMIT:
+            raise SeqrecError(f"event feature {name!r} has {len(enc.keys):,} values; the ONNX graph compares "
+                              f"each with every one (at most {EVENT_VOCAB_LIMIT:,}): serve it with --engine torch")
 
 
 def event_inputs(names: list[str]) -> list[str]:

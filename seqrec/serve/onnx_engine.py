@@ -74,7 +74,8 @@ class OnnxEncoder:
         missing = [n for n in self.event_names if n not in (events or {})]
         if missing:
             raise SeqrecError(f"the batch lacks event feature(s) {missing}")
-        feeds.update({self._inputs[name]: events[name] for name in self.event_names} if events else {})
+        feeds.update({self._inputs[name]: np.asarray(events[name], dtype=np.float32) for name in self.event_names}
+                     if events else {})
         return self.session.run(["state"], feeds)[0]
 
 

@@ -239,7 +239,10 @@ class Recommender:
     @torch.no_grad()
     def encode(self, histories: Sequence[Sequence[int]], events: Sequence[dict[str, np.ndarray]] | None = None
                ) -> tuple[torch.Tensor, Batch]:
-        """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items)."""
+        """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items);
+        a model's event features are missing (NaN) where `events` gives none (sessions, batch requests)."""
+        if not events and self.model.event_feature_names():
+            events = [self.history_events(len(h), None, None) for h in histories]
         batch = history_batch([list(h) for h in histories], self.max_len, events or None)
         if self._onnx is not None:
             values = None if batch.events is None else {k: v.numpy() for k, v in batch.events.items()}

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_model
 
 from seqrec import __version__
 from seqrec.config import build
@@ -76,6 +76,25 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
             if packed(tensor):
                 tensor.data = tensor.data.clone()
     save_model(model, str(path))
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Copy the weights `save_weights` wrote into `model`, on whatever device it is: into its tensors,
+    so cuDNN's packed GRU weights stay packed (safetensors' load_model refuses them, as save_model
+    did). A name may be absent only where it aliases a loaded tensor (tied weights saved once);
+    anything else that does not fit is a RuntimeError naming the keys."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    own = model.state_dict()
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not any(same(own[k], own[n]) for n in state if n in own)]
+    if missing or unexpected:
+        raise RuntimeError(f"missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
 
 
 def save_checkpoint(model: SequentialModel, dest: Path, *, max_len: int, item_table: pl.DataFrame,
@@ -185,7 +204,7 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Seq
     features = FeatureInputs.from_json(meta["features"]) if "features" in meta else None
     model = build_model(config, int(meta["n_items"]), int(meta["max_len"]), features)
     try:
-        load_model(model, str(path / WEIGHTS), device=str(device))
+        load_weights(model, path / WEIGHTS)
     except (SafetensorError, OSError) as exc:
         raise SeqrecError(f"{path / WEIGHTS}: corrupt or truncated checkpoint file ({one_line(exc)})") from None
     except RuntimeError as exc:  # the tensors do not fit the model model.json describes

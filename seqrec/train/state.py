@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from seqrec.data.io import atomic_dir, read_json
 from seqrec.errors import SeqrecError
 from seqrec.models.base import EpochBatches, SequentialModel
-from seqrec.train.checkpoint import save_weights
+from seqrec.train.checkpoint import load_weights, one_line, save_weights
 from seqrec.train.ema import WeightAverage
 
 
@@ -90,10 +91,13 @@ def load_state(src: Path, model: SequentialModel, opt: torch.optim.Optimizer,
     meta = read_json(src / "state.json")
     if (ema is None) != (meta.get("ema_updates") is None):
         raise SeqrecError(f"{src.parent}: train.ema differs from the run being resumed; resume with its config")
-    device = next(model.parameters()).device
-    load_model(model, str(src / "model.safetensors"), device=str(device))
+    try:
+        load_weights(model, src / "model.safetensors")
+        if ema is not None:
+            load_weights(ema.model, src / "ema.safetensors")
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise SeqrecError(f"{src}: the saved weights do not load into this run's model ({one_line(exc)})") from None
     if ema is not None:
-        load_model(ema.model, str(src / "ema.safetensors"), device=str(device))
         ema.updates = int(meta["ema_updates"])
     flat = load_file(str(src / "optimizer.safetensors"))
     per_param: dict[int, dict[str, Any]] = {}
