@@ -707,12 +707,17 @@ def encoders(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _commands(d: dict[str, Any]) -> list[str]:
+    """A results file's commands (files that grow over several runs keep each)."""
+    return d.get("commands") or [d["command"]]
+
+
 def history_bias_section(d: dict[str, Any]) -> list[str]:
     """Each model's defaults with the learned history bias on and off, where users return to items."""
     rows = []
     for r in d["rows"]:
         on, off = r["runs"]["on"], r["runs"]["off"]
-        rows.append([r["dataset"], r["model"], f"{r['repeat_rate']:.1%}",
+        rows.append([r["dataset"], r["model"], r.get("seed", 0), f"{r['repeat_rate']:.1%}",
                      *[f"{f4(x['valid']['ndcg@10'])} / {f4(x['test']['ndcg@10'])}" if "valid" in x else "failed"
                        for x in (on, off)], r["validation_prefers"] or DASH])
     prefers_on = sum(r["validation_prefers"] == "on" for r in d["rows"])
@@ -721,9 +726,9 @@ def history_bias_section(d: dict[str, Any]) -> list[str]:
             "come back to items they had (repeat rate: the share of training events that return to an item of "
             f"the user's history). Validation prefers the bias on in {prefers_on} of {len(d['rows'])} rows; the "
             "`auto` rule turns it on whatever the repeat rate. Script: `benchmarks/history_bias.py`; file: "
-            f"`results/history_bias.json`; command: `{d['command']}`.", "",
-            *table(["dataset", "model", "repeat rate", "bias on: valid / test N@10", "bias off: valid / test N@10",
-                    "validation prefers"], rows)]
+            f"`results/history_bias.json`; commands: {'; '.join(f'`{c}`' for c in _commands(d))}.", "",
+            *table(["dataset", "model", "seed", "repeat rate", "bias on: valid / test N@10",
+                    "bias off: valid / test N@10", "validation prefers"], rows)]
 
 
 def _device(run: dict[str, Any]) -> str:

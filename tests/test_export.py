@@ -231,6 +231,20 @@ def test_models_with_side_features_export_and_serve(name: str, fusion: str, tmp_
         plain = onnx_rec.recommend(ids, k=10)  # no times: event features missing, as in PyTorch
         assert [x.item for x in plain] == [x.item for x in torch_rec.recommend(ids, k=10)]
         assert [x.score for x in plain] != pytest.approx([x.score for x in got], abs=1e-4)  # the events count
+    if name == "sasrec":  # the same through the service: times and events in the request
+        from fastapi.testclient import TestClient
+
+        from seqrec.serve.app import create_app
+
+        client = TestClient(create_app(onnx_rec))
+        ids = [raw[i - 1] for i in histories[0]]
+        body = {"history": ids, "k": 10, "times": times[0].tolist(), "events": {"rating": ratings[0].tolist()}}
+        got = client.post("/recommend", json=body).json()["items"]
+        want = torch_rec.recommend(ids, k=10, times=times[0].tolist(), events={"rating": ratings[0].tolist()})
+        assert [g["item"] for g in got] == [w.item for w in want]
+        typo = client.post("/recommend", json={**body, "events": {"ratin": ratings[0].tolist()}})
+        error = typo.json()["error"]
+        assert typo.status_code == 400 and "['ratin']" in error and "takes rating" in error
     many = [[raw[i - 1] for i in h] for h in histories[:4]]  # batch requests: event values missing
     assert [[x.item for x in rs] for rs in onnx_rec.recommend_many(many, k=5)] == \
         [[x.item for x in torch_rec.recommend(h, k=5)] for h in many]

@@ -149,6 +149,7 @@ def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
     ("post", "/recommend", {"history": ["i1"], "k": 31}, 400, "k=31"),
     ("post", "/recommend", {"history": ["i1"], "colour": "red"}, 422, "colour"),
     ("post", "/recommend", {"history": ["i1"], "times": [1.0, 2.0]}, 400, "times"),
+    ("post", "/recommend", {"history": ["i1"], "events": {"rating": [4.0]}}, 400, "unknown event feature"),
     ("post", "/recommend/batch", {"histories": [["i1"], []]}, 422, "histories"),
     ("post", "/recommend/batch", {"histories": [["i1"], ["zz"]]}, 404, "'zz'"),
     ("post", "/items", {"items": [{"id": "n", "text": ""}]}, 422, "text"),

@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from seqrec.data.features import DERIVED_EVENTS
 from seqrec.errors import SeqrecError
 from seqrec.serve.batcher import Batcher
 from seqrec.serve.catalogue import UnknownItem
@@ -47,6 +48,8 @@ class RecommendRequest(Strict):
     k: int = Field(10, ge=1, le=1000)
     exclude_seen: bool = False
     times: list[float] | None = Field(None, max_length=10_000, description="seconds, one per history item")
+    events: dict[Annotated[str, Field(max_length=200)], Annotated[list[float], Field(max_length=10_000)]] | None = (
+        Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
 
 
 class BatchRequest(Strict):
@@ -177,7 +180,12 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         """Top-k items for one history of raw item ids (most recent last)."""
         rec.check_k(req.k)
         idx = rec.to_indices(req.history)
-        events = rec.history_events(len(idx), req.times, None)
+        takes = [n for n in rec.model.event_feature_names() if n not in DERIVED_EVENTS]
+        unknown = sorted(set(req.events or {}) - set(takes))
+        if unknown:  # a typo would otherwise leave the feature missing without a word
+            raise SeqrecError(f"unknown event feature(s) {unknown} in events; this model takes "
+                              f"{', '.join(takes) or 'none'} (gap and hour come from times)")
+        events = rec.history_events(len(idx), req.times, req.events)
         return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen))
 
     @app.post("/recommend/batch", response_model=BatchResponse)
