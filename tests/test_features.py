@@ -341,17 +341,30 @@ def test_cli_trains_and_recommends_with_features(tmp_path: Path, monkeypatch: py
     assert 'name = "genre"' in capsys.readouterr().out
     run_dir = tmp_path / "run"
     fields = ('[{name="gap", level="event", kind="continuous", transform="log1p"}, '
+              '{name="rating", level="event", kind="continuous"}, '
               '{name="genre", level="item", kind="multi_categorical"}]')
     code = main(["train", "--dataset", str(data.path), "--model", "gru4rec", "--out", str(run_dir),
                  "--set", "train.epochs=2", "--set", "model.d=8", "--set", "data.max_len=8",
                  "--set", "train.progress=false", "--set", f"features.fields={fields}"])
     assert code == 0
     meta = json.loads((run_dir / "checkpoint" / "model.json").read_text())
-    assert [f["spec"]["name"] for f in meta["features"]["fields"]] == ["gap", "genre"]
+    assert [f["spec"]["name"] for f in meta["features"]["fields"]] == ["gap", "rating", "genre"]
     capsys.readouterr()
     assert main(["recommend", str(run_dir), "--user", "u3", "-k", "2"]) == 0
     assert "top 2" in capsys.readouterr().out
-    assert main(["recommend", str(run_dir), "--history", "i1 i2", "--times", "0 60", "-k", "2"]) == 0
+    history = ["recommend", str(run_dir), "--history", "i1 i2", "--times", "0 60", "-k", "3"]
+    assert main(history) == 0
+    missing = capsys.readouterr().out
+    assert main([*history, "--event", "rating=5,1"]) == 0
+    rated = capsys.readouterr().out
+    assert rated != missing  # the ratings reach the model
+    rec = Recommender.from_run(run_dir)
+    want = rec.recommend(["i1", "i2"], 3, times=[0.0, 60.0], events={"rating": [5.0, 1.0]})
+    assert [line.split()[1] for line in rated.strip().splitlines()] == [r.item for r in want]
+    assert main([*history, "--event", "ratin=5,1"]) == 2
+    assert "unknown event feature(s) ['ratin']; this model takes rating" in capsys.readouterr().err
+    assert main([*history, "--event", "rating=5,x"]) == 2
+    assert "--event rating: 'x' is not a number" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stride", [0, 3])

@@ -72,6 +72,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         history = args.history.replace(",", " ").split()
         times = [number(t, "--times") for t in args.times.replace(",", " ").split()] if args.times else None
         events = {}
+        for spec in args.event or []:
+            name, sep, values = spec.partition("=")
+            if not sep or not name.strip():
+                raise SeqrecError(f"--event takes NAME=V1,V2,..., got {spec!r}")
+            events[name.strip()] = [number(v, f"--event {name.strip()}") for v in values.replace(",", " ").split()]
+        rec.check_event_names(list(events))
     candidates = args.candidates.replace(",", " ").split() if args.candidates else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)
@@ -98,4 +104,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--n-probe", type=int, help="with --index ivf: lists opened per query")
     r.add_argument("--times", help="timestamps (seconds) of the --history items, for time features (gap, hour); "
                    "without them those features are missing")
+    r.add_argument("--event", action="append", metavar="NAME=V1,V2,...",
+                   help="an event feature's values for the --history items (e.g. rating=5,4,3), one per item")
     r.set_defaults(fn=cmd_recommend)

@@ -26,7 +26,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from seqrec.data.features import DERIVED_EVENTS
 from seqrec.errors import SeqrecError
 from seqrec.serve.batcher import Batcher
 from seqrec.serve.catalogue import UnknownItem
@@ -180,11 +179,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         """Top-k items for one history of raw item ids (most recent last)."""
         rec.check_k(req.k)
         idx = rec.to_indices(req.history)
-        takes = [n for n in rec.model.event_feature_names() if n not in DERIVED_EVENTS]
-        unknown = sorted(set(req.events or {}) - set(takes))
-        if unknown:  # a typo would otherwise leave the feature missing without a word
-            raise SeqrecError(f"unknown event feature(s) {unknown} in events; this model takes "
-                              f"{', '.join(takes) or 'none'} (gap and hour come from times)")
+        rec.check_event_names(list(req.events or {}))
         events = rec.history_events(len(idx), req.times, req.events)
         return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen))
 

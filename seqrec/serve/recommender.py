@@ -215,6 +215,15 @@ class Recommender:
 
     # -- states --------------------------------------------------------------------------------------
 
+    def check_event_names(self, names: Sequence[str]) -> None:
+        """A `SeqrecError` unless the model takes every event feature named (a typo would otherwise
+        leave the feature missing without a word); gap and hour come from times, not by name."""
+        takes = [n for n in self.model.event_feature_names() if n not in DERIVED_EVENTS]
+        unknown = sorted(set(names) - set(takes))
+        if unknown:
+            raise SeqrecError(f"unknown event feature(s) {unknown}; this model takes {', '.join(takes) or 'none'}"
+                              " (gap and hour come from times)")
+
     def history_events(self, n: int, times: Sequence[float] | None,
                        events: Mapping[str, Sequence[float]] | None) -> dict[str, np.ndarray]:
         """Event feature values of an n-item history; what is not given is NaN (missing)."""
