@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -267,9 +268,15 @@ def test_a_huge_event_vocabulary_is_not_exported(tmp_path: Path, monkeypatch: py
     assert "engine: torch (event feature 'hour'" in caplog.text
 
 
+ML100K_SASREC = ['model.name="sasrec"', "model.d=32", "data.max_len=50", "train.epochs=1", "train.progress=false",
+                 "train.batch_size=256"]
+
+
 @pytest.mark.realdata
 def test_ml100k_sasrec_onnx_top10_is_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tiny SASRec trained one epoch on ml-100k: ONNX and PyTorch agree on the top-10 of 200 real users."""
+    """A tiny SASRec trained one epoch on ml-100k: ONNX and PyTorch agree on the top-10 of 200 real users;
+    the same with the features inferred from the data (gap, hour, rating, year, genres), each history
+    with its real times and ratings, on the onnx engine."""
     source = SHARED_DATA / "ml-100k"
     if not source.is_dir():
         pytest.skip(f"{source} is absent (set SEQREC_SHARED_DATA to the shared data folder)")
@@ -281,14 +288,27 @@ def test_ml100k_sasrec_onnx_top10_is_identical(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
     data = prepare(load_known("ml-100k", source), PrepareOptions(**KNOWN_DATASETS["ml-100k"].prepare),
                    tmp_path / "prepared")
-    cfg = resolve({}, ['model.name="sasrec"', "model.d=32", "data.max_len=50", "train.epochs=1",
-                       "train.progress=false", "train.batch_size=256"])
-    fit(cfg, data, tmp_path / "run")
+    fit(resolve({}, ML100K_SASREC), data, tmp_path / "run")
     manifest = export_run(tmp_path / "run", tmp_path / "export")
     assert manifest["n_items"] == 1682 and manifest["max_len"] == 50
     histories = user_histories(data, 200, min_len=1)
     assert len(histories) == 200 and max(map(len, histories)) > 50  # some are cut to max_len
     assert_same_as_pytorch(tmp_path / "run" / "checkpoint", tmp_path / "export", histories)
+
+    fit(resolve({}, [*ML100K_SASREC, "features.infer=true"]), data, tmp_path / "feat")
+    torch_rec, onnx_rec = Recommender.from_run(tmp_path / "feat"), Recommender.from_run(tmp_path / "feat",
+                                                                                         engine="onnx")
+    assert {"gap", "hour", "rating"} <= set(torch_rec.model.event_feature_names()) and onnx_rec._onnx is not None
+    raw = torch_rec.catalogue.raw_ids
+    ratings = pl.read_parquet(data.path / "events.parquet")["rating"].to_numpy()
+    assert data.times is not None
+    for u in range(200):
+        lo, hi = int(data.offsets[u]), int(data.offsets[u]) + int(data.split[u, 1])
+        kw = {"times": data.times[lo:hi].tolist(), "events": {"rating": ratings[lo:hi].tolist()}}
+        ids = [raw[i - 1] for i in data.items[lo:hi]]
+        a, b = torch_rec.recommend(ids, 10, **kw), onnx_rec.recommend(ids, 10, **kw)
+        assert [r.item for r in a] == [r.item for r in b]
+        np.testing.assert_allclose([r.score for r in a], [r.score for r in b], atol=1e-4)
 
 
 @pytest.mark.parametrize(("name", "extra"), [("sasrec", {"history_bias": True}), ("gru4rec", {})])
