@@ -289,6 +289,8 @@ RECOMMEND = [
          "unknown event feature(s) ['rating']; this model takes none"),
     case("recommend-event-no-name", f"{REC} --history 'i1 i2' --event =5,4", "NAME=V1,V2"),
     case("recommend-event-not-numbers", f"{REC} --history 'i1 i2' --event 'rating=5,high'", "'high'"),
+    case("recommend-event-twice", f"{REC} --history 'i1 i2' --event rating=5,4 --event rating=1,2", "twice"),
+    case("recommend-event-with-user", f"{REC} --user u0 --event rating=5", "go with --history"),
     case("recommend-not-a-run", "recommend {tmp} --history i1", "no checkpoint"),
     case("recommend-truncated-weights", "recommend {tmp}/run --history i1", "model.safetensors", run_copy(truncate)),
     case("recommend-flipped-byte", "recommend {tmp}/run --history i1", "model.safetensors", run_copy(flip_byte)),

@@ -129,6 +129,18 @@ def test_onnx_forms_of_bucketize_and_vocabulary_lookup_equal_the_torch_ones(tmp_
     assert searched[0, 4:6, 0].tolist() == [UNKNOWN, UNKNOWN] and (searched > UNKNOWN).any()
 
 
+def test_values_far_outside_training_stay_finite(tmp_path: Path) -> None:
+    """A finite value far beyond the training range (1e25 in a request) is clipped once standardised, so
+    the layers after the features (a LayerNorm here) stay finite; values in range are untouched."""
+    data = prepared(tmp_path)
+    for encoding in ("soft_one_hot", "linear"):
+        fitted = fit_features([FeatureSpec("rating", "event", "continuous", encoding)], data)[0]
+        enc = ContinuousInput(fitted, 4)
+        x = torch.tensor([[1e25, 3e38, -3e38, 3.0]])
+        assert torch.isfinite(F.layer_norm(enc(x), (4,))).all(), encoding
+        assert torch.equal(enc.normalise(x)[0, 3], (3.0 - enc.mean) / enc.std)
+
+
 def test_gradient_reaches_w_b_and_e() -> None:
     torch.manual_seed(0)
     enc = SoftOneHot(d=4, size=5)

@@ -60,6 +60,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         rec.add_items(dict(item.split("=", 1) for item in args.new_item))
     if (args.history is None) == (args.user is None):
         raise SeqrecError("give exactly one of --history or --user")
+    if args.user is not None and (args.times or args.event):
+        raise SeqrecError("--times and --event go with --history (--user takes the user's own)")
     if args.user is not None:
         history, times, events = user_history(Path(args.run), args.user)
         titles = rec.titles or [None] * rec.n_items
@@ -76,6 +78,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             name, sep, values = spec.partition("=")
             if not sep or not name.strip():
                 raise SeqrecError(f"--event takes NAME=V1,V2,..., got {spec!r}")
+            if name.strip() in events:
+                raise SeqrecError(f"--event {name.strip()} is given twice")
             events[name.strip()] = [number(v, f"--event {name.strip()}") for v in values.replace(",", " ").split()]
         rec.check_event_names(list(events))
     candidates = args.candidates.replace(",", " ").split() if args.candidates else None

@@ -28,6 +28,8 @@ from torch import nn
 from seqrec.data.features import FeatureInputs, FittedFeature
 from seqrec.errors import SeqrecError
 
+Z_LIMIT = 1e4  # standardised continuous values are clipped here (training values lie far inside)
+
 
 class SoftOneHot(nn.Module):
     """g = softmax(nW + b) E: a scalar as a convex combination of P learned embeddings."""
@@ -78,11 +80,14 @@ class ContinuousInput(nn.Module):
         self.missing = nn.Parameter(torch.zeros(d))
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """Transformed, standardised values; missing ones are 0 (the training mean)."""
+        """Transformed, standardised values, within +-Z_LIMIT (a finite value far outside the training
+        range, e.g. 1e25 in a request, would overflow the layers after it); missing ones are 0 (the
+        training mean)."""
         missing = ~torch.isfinite(x)
         x = torch.where(missing, torch.zeros_like(x), x.float())
         t = torch.log1p(x.clamp(min=0)) if self.log1p else x
-        return torch.where(missing, torch.zeros_like(t), (t - self.mean) / self.std)
+        z = ((t - self.mean) / self.std).clamp(-Z_LIMIT, Z_LIMIT)
+        return torch.where(missing | ~torch.isfinite(z), torch.zeros_like(t), z)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         missing = ~torch.isfinite(x)
