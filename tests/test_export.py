@@ -260,7 +260,7 @@ def test_a_huge_event_vocabulary_is_not_exported(tmp_path: Path, monkeypatch: py
     data = prepared(tmp_path)
     save_checkpoint(model_with("sasrec", data, SPECS).eval(), tmp_path / "ckpt", max_len=MAX_LEN,
                     item_table=data.item_table)
-    monkeypatch.setattr("seqrec.serve.export.EVENT_VOCAB_LIMIT", 3)
+    monkeypatch.setattr("seqrec.serve.export_inputs.EVENT_VOCAB_LIMIT", 3)
     with pytest.raises(SeqrecError, match=r"event feature 'hour' has \d+ values.*--engine torch"):
         export_run(tmp_path / "ckpt", tmp_path / "export")
     with caplog.at_level("INFO", logger="seqrec.serve.recommender"):
