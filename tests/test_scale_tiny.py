@@ -24,3 +24,14 @@ def test_step_profile_tiny(tmp_path: Path) -> None:
     for row in (dense, sparse):
         assert row["steps"] == 2 and set(row["median_s"]) == {"forward", "backward", "clip", "optimizer"}
         assert row["step_s"] == sum(row["median_s"].values())
+
+
+def test_train_throughput_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "throughput.json"
+    run_benchmark("train_throughput.py", "--tiny", "--dims", "16", "--steps", "2", "--warmup", "1", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert {r["precision"] for r in result["rows"]} == {"float32", "bf16"}
+    for row in result["rows"]:
+        assert row["steps"] == 2 and row["targets"] > 0 and row["seconds"] > 0
+        assert row["gflop_per_step"] > 0 and 0 < row["fraction_of_peak"] == row["gflop_per_s"] / row["peak_gflop_per_s"]
+        assert row["auto"]["model.loss"] == "ce" and set(row["median_phase_s"]) >= {"forward", "backward", "optimizer"}

@@ -48,8 +48,7 @@ def rows(W: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    out = h @ W.T
-    return out if b is None else out + b
+    return h @ W.T if b is None else torch.addmm(b, h, W.T)  # the bias added inside the product
 
 
 class ChunkedLogSumExp(torch.autograd.Function):
@@ -90,15 +89,15 @@ def full_ce(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: to
     n_items = W.shape[0] - 1
     if h.shape[0] * n_items <= chunk_elements:
         logits = _logits(h, W[1:], None if b is None else b[1:]).float()
-        if history is None:
-            return F.cross_entropy(logits, target - 1)
-        lse, pos = torch.logsumexp(logits, dim=1), logits.gather(1, target[:, None] - 1).squeeze(1)
-    else:
-        chunk = max(1, chunk_elements // max(1, h.shape[0]))
-        bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
-        lse = ChunkedLogSumExp.apply(h, W, bias, chunk)
-        pos = (h.float() * W[target].float()).sum(-1) + bias[target].float()
-    if history is not None:
+        if history is not None:  # the offsets go onto their items' logits (repeats add up), as in serving
+            x, v, _ = history
+            logits = logits.scatter_add(1, (x - 1).clamp(min=0), (v * (x != 0)).to(logits.dtype))
+        return F.cross_entropy(logits, target - 1)
+    chunk = max(1, chunk_elements // max(1, h.shape[0]))
+    bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
+    lse = ChunkedLogSumExp.apply(h, W, bias, chunk)
+    pos = (h.float() * W[target].float()).sum(-1) + bias[target].float()
+    if history is not None:  # without an (M, N) term: through the history items' own logits z
         lse, pos = with_history(lse, pos, target, *history)
     return (lse - pos).mean()
 

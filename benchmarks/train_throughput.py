@@ -1,0 +1,152 @@
+"""Training throughput of `seqrec train --model sasrec` with no config: targets per second and the
+achieved FLOP/s as a fraction of the matrix-product peak measured in the same run.
+
+For each dataset and width d (d_ff = 4 d, everything else the model's defaults and the `auto`
+decisions the data gets, as `fit` makes them), the library's own training step (seqrec.train.loop's
+`setup`: model, optimiser, epoch feeder, weight average) runs a few warm-up steps and then `--steps`
+timed ones, phase by phase: feeding the batch, forward and loss, backward, gradient clipping,
+optimiser step, weight-average update. FLOPs per step are counted once by torch's FlopCounterMode
+(the matrix products and attention of forward + backward; element-wise work is not counted, so
+the fraction is of useful product work). Each row runs in float32 and under bf16 autocast; the
+peak is a 4096² product in the same precision on the same threads, measured before and after the
+rows (the median of both is used).
+
+    python benchmarks/train_throughput.py [--datasets ml-100k amazon-beauty-p5] [--dims 64 256]
+    python benchmarks/train_throughput.py --tiny          # generated data, for the test suite
+
+Writes results/train_throughput.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, machine, matmul_gflops, prepared, write_result
+
+from seqrec.config import resolve
+from seqrec.data.dataset import PreparedDataset
+from seqrec.data.prepare import PrepareOptions, prepare
+from seqrec.data.synthetic import LogShape, generated_dataset
+from seqrec.train.auto import resolve_auto, resolve_auto_data, resolve_auto_train
+from seqrec.train.loop import setup, weight_average
+from seqrec.train.sparse import clip_grad_norm
+
+PHASES = ("feed", "forward", "backward", "clip", "optimizer", "average")
+
+
+def config_for(d: int, data: PreparedDataset, precision: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The default SASRec config at width d with its `auto` decisions made for `data`, as `fit` makes
+    them, and those decisions."""
+    cfg = resolve({"model": {"name": "sasrec", "d": d, "d_ff": 4 * d},
+                   "train": {"threads": torch.get_num_threads(), "bf16": precision == "bf16"}})
+    decisions = resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, torch.device("cpu"), None)
+    decisions += resolve_auto(cfg.model, data, None) + resolve_auto_data(cfg.data, data)
+    return cfg, decisions
+
+
+def measure(data: PreparedDataset, d: int, precision: str, steps: int, warmup: int) -> dict[str, Any]:
+    cfg, decisions = config_for(d, data, precision)
+    device = torch.device("cpu")
+    model, opt, batches, step = setup(cfg, data, device)
+    ema = weight_average(model, cfg)
+    model.train()
+    feed = iter(batches)
+    times, timed = [], []
+    for i in range(warmup + steps):
+        t = [time.perf_counter()]
+        try:
+            batch = next(feed)
+        except StopIteration:  # a small dataset: the next epoch
+            feed = iter(batches)
+            batch = next(feed)
+        t.append(time.perf_counter())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16):
+            loss = step(batch)
+        t.append(time.perf_counter())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t.append(time.perf_counter())
+        if cfg.train.clip_grad > 0:
+            clip_grad_norm(model.parameters(), cfg.train.clip_grad)
+        t.append(time.perf_counter())
+        opt.step()
+        t.append(time.perf_counter())
+        if ema is not None:
+            ema.update(model)
+        t.append(time.perf_counter())
+        if i >= warmup:
+            times.append([b - a for a, b in zip(t, t[1:], strict=False)])
+            timed.append(batch)
+    # the products of the same batches, counted afterwards (the counter slows what it watches)
+    flops = 0
+    for batch in timed:
+        with FlopCounterMode(display=False) as counter:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16):
+                loss = step(batch)
+            loss.backward()
+        flops += counter.get_total_flops()
+    opt.zero_grad(set_to_none=True)
+    phases = {p: statistics.median(col) for p, col in zip(PHASES, zip(*times, strict=True), strict=True)}
+    seconds = sum(map(sum, times))
+    targets = sum(int((b.targets != 0).sum()) for b in timed)
+    return {"d": d, "precision": precision, "batch_size": cfg.train.batch_size, "loss": cfg.model.loss,
+            "stride": cfg.data.stride, "history_bias": cfg.model.history_bias, "max_len": cfg.data.max_len,
+            "items": data.n_items, "steps": steps, "median_phase_s": phases, "seconds": seconds,
+            "targets": targets, "targets_per_s": targets / seconds,
+            "gflop_per_step": flops / steps / 1e9, "gflop_per_s": flops / seconds / 1e9,
+            "n_parameters": sum(p.numel() for p in model.parameters()),
+            "auto": {x["key"]: x["value"] for x in decisions}}
+
+
+def peaks(threads: int) -> dict[str, float]:
+    return {"float32": matmul_gflops(threads), "bf16": matmul_gflops(threads, dtype=torch.bfloat16)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", default=["ml-100k", "amazon-beauty-p5"])
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--precisions", nargs="+", default=["float32", "bf16"], choices=["float32", "bf16"])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tiny", action="store_true", help="a small generated log instead of --datasets")
+    p.add_argument("--out", type=Path, default=RESULTS / "train_throughput.json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    before = peaks(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ["generated-tiny"] if args.tiny else args.datasets:
+            if args.tiny:
+                shape = LogShape(n_interactions=4000, n_users=300, n_items=200)
+                data = prepare(generated_dataset(shape, name), PrepareOptions(), Path(tmp) / name)
+            else:
+                data = prepared(name)
+            for d in args.dims:
+                for precision in args.precisions:
+                    rows.append({"dataset": name, **measure(data, d, precision, args.steps, args.warmup)})
+                    print(rows[-1], flush=True)
+    after = peaks(args.threads)
+    peak = {k: statistics.median([before[k], after[k]]) for k in before}
+    for r in rows:
+        r["peak_gflop_per_s"] = peak[r["precision"]]
+        r["fraction_of_peak"] = r["gflop_per_s"] / peak[r["precision"]]
+    write_result(args.out, {"rows": rows, "peak_gflop_per_s": {"before": before, "after": after, "used": peak},
+                            "threads": args.threads, "machine": machine(),
+                            "command": " ".join(["python", "benchmarks/train_throughput.py", *sys.argv[1:]])})
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
