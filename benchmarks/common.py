@@ -67,6 +67,12 @@ def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3, dtype: torch.dt
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
+def load_result(name: str) -> Any:
+    """results/<name> as JSON, or None where that benchmark has not run."""
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def write_result(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, ROOT
+from common import load_result as load
+from report_cost import eval_cost, scale, train_throughput
 from tables import (
     DASH,
     f4,
@@ -46,11 +48,6 @@ from tables import (
 OUT = ROOT / "benchmarks" / "RESULTS.md"
 DOCS = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
-
-
-def load(name: str) -> Any:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 # ---- quality against published numbers and between variants --------------------------------------
@@ -285,7 +282,9 @@ def speed(d: dict[str, Any]) -> list[str]:
         t = r.get("test") or {}
         reach = r.get("time_to_reach_recbole_best_s", r.get("time_to_best_s"))
         # older files recorded the children's maximum RSS, not each process's own peak: not shown
-        lines.append(row([name, f4(r["best_valid_ndcg@10"]), *metric_cells(t), f"{r['wall_s']:.0f}",
+        label = name + (" (earlier run, reused)" if r.get("reused") else "")
+        label += f" (commit {r['machine']['commit']})" if r.get("machine", {}).get("commit") else ""
+        lines.append(row([label, f4(r["best_valid_ndcg@10"]), *metric_cells(t), f"{r['wall_s']:.0f}",
                           f"{r['cpu_s']:.0f}", num(r.get("self_peak_rss_mb")), seconds_or(reach)]))
     if "recbole_epoch_cap" in d:
         lines += ["", f"RecBole was capped at {d['recbole_epoch_cap']} epochs (recorded in the file); its best "
@@ -299,6 +298,10 @@ def speed(d: dict[str, Any]) -> list[str]:
                   "steadier comparison. `recbole-arch`: RecBole's SASRec layout (LayerNorm over item + position, "
                   "no √d scaling: `model.input_norm=true model.emb_scale=false`); `jitter`: the training windows' "
                   "boundaries are drawn afresh each epoch (`data.jitter=true`)."]
+    if d["runs"]["recbole"].get("reused"):
+        lines += ["", f"RecBole's run is an earlier one (commit {d['runs']['recbole']['reused_from']}), reused "
+                  "(`--reuse-recbole`); the runs that name a commit ran later on the same machine, one thread, with "
+                  "another single-thread job on the other core, as RecBole had, so that the times compare."]
     if d.get("over_seeds"):
         lines += ["", "Validation values are compared unrounded (RecBole's own are rounded to 4 decimals): a run shown "
                   "with the same 4-decimal value as RecBole's best can still fall short of it. `hist`: seqrec's "
@@ -398,19 +401,6 @@ def item2vec_gensim(d: dict[str, Any]) -> list[str]:
 
 
 # ---- cost: evaluation, serving, retrieval, text encoding -----------------------------------------
-
-def eval_cost(d: dict[str, Any]) -> list[str]:
-    m = d["median"]
-    return ["## Evaluation cost: full ranking, blocked", "",
-            f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
-            f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). Medians of {len(d['runs'])} runs, "
-            "each in a fresh process that also measures the matmul peak (a 4096² float32 product on the same "
-            "threads). Script: `benchmarks/eval_cost.py`; file: `results/eval_cost.json`.", "",
-            *header(["wall s", "GFLOP/s", "matmul peak GFLOP/s", "fraction of peak", "peak RSS MB",
-                     "RSS before ranking MB"]),
-            f"| {m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | {m['fraction_of_peak']:.2f} | "
-            f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
-
 
 COLD_BASELINE = "unisrec-cold20-scratch-text"  # the best cold-item run when issue 17 set its goal (2x)
 
@@ -827,62 +817,6 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def scale(d: dict[str, Any]) -> list[str]:
-    """Cost against size on generated logs: prepare, an epoch, full evaluation, the IVF build."""
-    rows = [[f"{r['interactions']:,}", f"{r['users']:,}", f"{r['items']:,}", f"{r['prepare']['total_s']:.1f}",
-             f"{r['prepare']['peak_rss_mb'] / 1024:.2f}", f"{r['epoch']['targets_per_s']:,.0f}",
-             f"{r['epoch']['epoch_s']:.0f}" + (" (est.)" if r["epoch"]["extrapolated"] else ""),
-             f"{r['evaluation']['all_users_s']:.0f}" + (" (est.)" if r["evaluation"]["extrapolated"] else ""),
-             f"{r['evaluation']['gflop_per_s']:.0f}", f"{r['index']['build_s']:.1f}"] for r in d["rows"]]
-    intro = ("Generated logs (`seqrec.data.synthetic`: Zipf item popularity, log-normal history lengths; users = "
-             "n/10, items = n/20). `prepare`: `seqrec data prepare` on the log as Parquet, in its own process (its "
-             "peak RSS). Epoch: SASRec d 64, 2 blocks, sampled softmax with 1024 shared negatives, batch 256, 2 "
-             "threads; the rate of the first batches times every training target. Evaluation: exact full ranking "
-             "of sampled validation users against every item, scaled to all users. IVF: FAISS build over the item "
-             f"vectors. Script: `benchmarks/scale.py`; file: `results/scale.json`; command: `{d['command']}`. "
-             "What grows faster than the data: full evaluation is users × items, and both grow with n, so it is "
-             "quadratic by definition (the rate stays near the matmul peak); the training rate falls as the item "
-             "table grows, and the step profile below says why.")
-    lines = ["## Scale: cost against size", "", intro, "",
-             *table(["interactions", "users", "items", "prepare s", "prepare peak GB", "train targets/s", "epoch s",
-                     "full evaluation s", "evaluation GFLOP/s", "IVF build s"], rows)]
-    if (RESULTS / "scale.png").is_file():
-        lines += ["", "![cost against size](results/scale.png)"]
-    prof = load("step_profile.json")
-    if prof:
-        phases = list(prof["rows"][0]["median_s"])
-        dense = {r["interactions"]: r for r in prof["rows"] if not r.get("sparse_items")}
-        lines += ["", "Where a training step's time goes (the same model and logs, one step's phases, median over "
-                  f"{prof['rows'][0]['steps']} steps after a warm-up, {prof['threads']} thread). With dense "
-                  "gradients the backward pass grows with the item table, not with the batch: the embedding lookup "
-                  "and the gathers of the targets and the sampled negatives each write a gradient the size of the "
-                  "whole table, which autograd sums, and Adam and the clipping read every row of it. With "
-                  "`train.sparse_items` (on by default for a sampled loss over 100,000 items or more) the table "
-                  "gets sparse gradients and only the rows a batch touched are updated (`seqrec.train.sparse`), "
-                  "in the same process on the same batches. Script: `benchmarks/step_profile.py`; file: "
-                  f"`results/step_profile.json`; command: `{prof['command']}`.", "",
-                  *table(["interactions", "items", "item table MB", "gradients", *(f"{p} ms" for p in phases),
-                          "step ms", "dense / sparse"],
-                         [[f"{r['interactions']:,}", f"{r['items']:,}", f"{r['item_table_mb']:.0f}",
-                           "sparse" if r.get("sparse_items") else "dense",
-                           *(f"{1e3 * r['median_s'][p]:.1f}" for p in phases), f"{1e3 * r['step_s']:.1f}",
-                           f"{dense[r['interactions']]['step_s'] / r['step_s']:.1f} ×"
-                           if r.get("sparse_items") and r["interactions"] in dense else DASH]
-                          for r in prof["rows"]])]
-    quality = load("sparse_items.json")
-    if quality:
-        lines += ["", "What the lazy updates cost in quality: SASRec with a sampled softmax on "
-                  f"{quality['dataset']}, otherwise the defaults, one thread, with dense and with sparse item-table "
-                  "gradients. No dataset here has the 100,000 items from which `auto` turns them on, so this is a "
-                  "small catalogue, where they bring no speed. Script: `benchmarks/sparse_items.py`; file: "
-                  f"`results/sparse_items.json`; command: `{quality['command']}`.", "",
-                  *table(["train.sparse_items", "epochs (best)", "train s", "valid N@10", "test R@10", "test N@10"],
-                         [[str(r["sparse_items"]).lower(), f"{r['epochs_run']} ({r.get('best_epoch', DASH)})",
-                           f"{r['train_seconds']:.0f}", f4(r["valid"]["ndcg@10"]), f4(r["test"]["recall@10"]),
-                           f4(r["test"]["ndcg@10"])] for r in quality["runs"].values() if "test" in r])]
-    return lines
-
-
 def tune(d: dict[str, Any]) -> list[str]:
     """`seqrec tune` against the hand-made recipe on one dataset."""
     t, best = d["tune"], d["tune"]["best_trial"]
@@ -958,6 +892,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("data_efficiency_*.json", data_efficiency),
     ("transfer_probe_*.json", transfer_probe),
     ("scale.json", scale),
+    ("train_throughput.json", train_throughput),
     ("tune_*.json", tune),
     ("cuda_check.json", cuda),
     ("ddp_scaling.json", ddp_scaling),
@@ -969,8 +904,8 @@ SECTIONS: list[tuple[str, Render]] = [
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "tune_*.json", "cuda_check.json",
-                "ddp_scaling.json", "defaults.json", "auto_decisions.json", "history_bias.json",
+                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "train_throughput.json", "tune_*.json",
+                "cuda_check.json", "ddp_scaling.json", "defaults.json", "auto_decisions.json", "history_bias.json",
                 "encoders_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 

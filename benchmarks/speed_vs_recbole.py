@@ -31,6 +31,8 @@ from typing import Any
 
 from common import PLAIN_TRAIN, RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
 
+from seqrec.data.dataset import PreparedDataset
+
 RECBOLE_PY = ROOT / "benchmarks" / ".venv-recbole" / "bin" / "python"
 HP = {"n_layers": 2, "n_heads": 2, "d": 64, "d_ff": 256, "dropout": 0.2, "attn_dropout": 0.2, "lr": 1e-3,
       "batch_size": 256, "max_len": 50, "patience": 10, "epochs": 200, "seed": 2020, "threads": 1}
@@ -76,6 +78,9 @@ SEQREC_RUNS: dict[str, tuple[int, int, list[str]]] = {
     # before it peaked
     "seqrec-batch32-stride10-recbole-arch-jitter-p20": (32, 10, [*RECBOLE_ARCH, "data.jitter=true",
                                                                  "train.patience=20"]),
+    # the same in bf16 autocast (train.bf16): the matrix products at the CPU's bf16 rate
+    "seqrec-batch32-stride10-recbole-arch-jitter-p20-bf16": (32, 10, [*RECBOLE_ARCH, "data.jitter=true",
+                                                                      "train.patience=20", "train.bf16=true"]),
     "seqrec-batch64-stride10-recbole-arch-jitter-seed2021": (64, 10, [*RECBOLE_ARCH, "data.jitter=true",
                                                                       "train.seed=2021"]),
     # + the learned history bias (seqrec.nn.history): a seqrec model option RecBole does not have
@@ -86,13 +91,30 @@ SEQREC_RUNS: dict[str, tuple[int, int, list[str]]] = {
 }
 
 
-def run_seqrec(run_dir: Path, batch_size: int, stride: int, extra: list[str]) -> dict[str, Any]:
+def ml100k_recbole_files() -> PreparedDataset:
+    """ml-100k prepared from RecBole's atomic files, the ones RecBole reads (prepared once)."""
     from seqrec.data.catalog import load_known
     from seqrec.data.prepare import PrepareOptions, prepare
 
     data_dir = WORK / "prepared" / "ml-100k-recbole-files"
-    prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
-    sets = [*PLAIN_TRAIN, f'data.dataset="{data_dir}"', f"data.max_len={HP['max_len']}", "model.name=\"sasrec\"",
+    if (data_dir / "meta.json").is_file():
+        return PreparedDataset.load(data_dir)
+    return prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
+
+
+def run_seqrec(run_dir: Path, batch_size: int, stride: int, extra: list[str]) -> dict[str, Any]:
+    data = ml100k_recbole_files()
+    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
+    for s in [f'data.dataset="{data.path}"', *seqrec_sets(batch_size, stride, extra)]:
+        cmd += ["--set", s]
+    proc = timed(cmd, run_dir.with_suffix(".log"))
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"process": proc, "result": json.loads((run_dir / "results.json").read_text()), "epochs": epochs}
+
+
+def seqrec_sets(batch_size: int, stride: int, extra: list[str]) -> list[str]:
+    """The `--set` overrides of a seqrec run: RecBole's hyper-parameters, seqrec's batch and stride, `extra`."""
+    return [*PLAIN_TRAIN, f"data.max_len={HP['max_len']}", "model.name=\"sasrec\"", "model.history_bias=false",
             f"model.d={HP['d']}", f"model.n_layers={HP['n_layers']}", f"model.n_heads={HP['n_heads']}",
             f"model.d_ff={HP['d_ff']}", f"model.dropout={HP['dropout']}", f"model.attn_dropout={HP['attn_dropout']}",
             "model.norm_first=false", "model.output_bias=false", f"train.lr={HP['lr']}",
@@ -100,12 +122,24 @@ def run_seqrec(run_dir: Path, batch_size: int, stride: int, extra: list[str]) ->
             f"data.stride={stride}",
             f"train.epochs={HP['epochs']}", f"train.patience={HP['patience']}", f"train.seed={HP['seed']}",
             f"train.threads={HP['threads']}", "train.progress=false", *extra]
-    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = timed(cmd, run_dir.with_suffix(".log"))
-    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"process": proc, "result": json.loads((run_dir / "results.json").read_text()), "epochs": epochs}
+
+
+def recbole_row(rb: dict[str, Any]) -> dict[str, Any]:
+    """A RecBole run as a row: its best validation NDCG@10 (within the cap) and when it first got there."""
+    epochs = rb["result"]["epochs"]
+    best = max(e["valid_ndcg@10"] for e in epochs)
+    return {**rb["process"], "best_valid_ndcg@10": best,
+            "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
+            "time_to_best_s": min(e["elapsed_s"] for e in epochs if e["valid_ndcg@10"] >= best),
+            "epochs_run": len(epochs), "test": rb["result"].get("test"), "protocol": rb["result"].get("protocol"),
+            "curve": [(e["elapsed_s"], e["valid_ndcg@10"]) for e in epochs]}
+
+
+def reused_recbole(earlier: dict[str, Any] | None) -> dict[str, Any]:
+    """The RecBole row of an earlier results file, marked reused with the commit that ran it."""
+    assert earlier is not None
+    row = earlier["runs"]["recbole"]
+    return {**row, "reused": True, "reused_from": row.get("reused_from", earlier["machine"].get("commit"))}
 
 
 def time_to_reach(epochs: list[dict[str, Any]], target: float) -> float | None:
@@ -148,6 +182,10 @@ def main() -> None:
     p.add_argument("--sequential", action="store_true", help="run RecBole first, then seqrec (default: side by side)")
     p.add_argument("--recbole-epochs", type=int, default=HP["epochs"],
                    help="cap RecBole's epochs (recorded); the target is then its best within the cap")
+    p.add_argument("--reuse-recbole", action="store_true",
+                   help="take RecBole's run from the results file (same epoch cap) instead of running it again; "
+                        "marked reused")
+    p.add_argument("--keep", action="store_true", help="keep the file's other seqrec runs (and their seed summaries)")
     args = p.parse_args()
     out_dir = WORK / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,24 +193,26 @@ def main() -> None:
     unknown = sorted(set(names) - set(SEQREC_RUNS))
     if unknown:
         raise SystemExit(f"unknown seqrec runs {unknown}; known: {sorted(SEQREC_RUNS)}")
+    out = RESULTS / "speed_vs_recbole.json"
+    earlier = json.loads(out.read_text()) if (args.reuse_recbole or args.keep) and out.is_file() else None
+    if args.keep and not args.reuse_recbole:
+        raise SystemExit("--keep needs --reuse-recbole: the kept runs are timed against the file's RecBole run")
+    if args.reuse_recbole and (earlier is None or earlier.get("recbole_epoch_cap") != args.recbole_epochs):
+        raise SystemExit(f"--reuse-recbole: {out} holds no RecBole run capped at {args.recbole_epochs} epochs")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        rb_future = pool.submit(run_recbole, out_dir / "recbole-sasrec.json", args.recbole_epochs)
-        if args.sequential:
+        rb_future = None if args.reuse_recbole else pool.submit(run_recbole, out_dir / "recbole-sasrec.json",
+                                                                args.recbole_epochs)
+        if args.sequential and rb_future is not None:
             rb_future.result()
         plan = {name: SEQREC_RUNS[name] for name in names}
         if args.seeds:
             plan = {f"{name}-seed{seed}": (bs, st, [*extra, f"train.seed={seed}"])
                     for name, (bs, st, extra) in plan.items() for seed in args.seeds.split(",")}
         sq_runs = {name: (*cfg, run_seqrec(out_dir / name, *cfg)) for name, cfg in plan.items()}
-        rb = rb_future.result()
-    rb_epochs = rb["result"]["epochs"]
-    rb_best = max(e["valid_ndcg@10"] for e in rb_epochs)
-    rb_best_at = min(e["elapsed_s"] for e in rb_epochs if e["valid_ndcg@10"] >= rb_best)
-    rows: dict[str, Any] = {"recbole": {**rb["process"], "best_valid_ndcg@10": rb_best,
-                                        "self_peak_rss_mb": rb["result"].get("memory", {}).get("peak_rss_mib"),
-                                        "time_to_best_s": rb_best_at, "epochs_run": len(rb_epochs),
-                                        "test": rb["result"].get("test"),
-                                        "curve": [(e["elapsed_s"], e["valid_ndcg@10"]) for e in rb_epochs]}}
+        rb_row = recbole_row(rb_future.result()) if rb_future is not None else reused_recbole(earlier)
+    rb_best, rb_best_at, rb_wall = rb_row["best_valid_ndcg@10"], rb_row["time_to_best_s"], rb_row["wall_s"]
+    kept = {k: v for k, v in earlier["runs"].items() if k != "recbole"} if args.keep and earlier else {}
+    rows: dict[str, Any] = {"recbole": rb_row, **kept}
     for name, (bs, st, extra, sq) in sq_runs.items():
         reach = time_to_reach(sq["epochs"], rb_best)
         rows[name] = {**sq["process"], "batch_size": bs, "stride": st, "overrides": extra,
@@ -181,14 +221,17 @@ def main() -> None:
                       "best_valid_ndcg@10": sq["result"]["valid"]["ndcg@10"],
                       "epochs_run": sq["result"]["epochs_run"], "test": sq["result"]["test"],
                       "time_to_reach_recbole_best_s": reach,
-                      "ratio_vs_recbole_total_wall": None if reach is None else reach / rb["process"]["wall_s"],
-                      "ratio_vs_recbole_time_to_best": None if reach is None else reach / rb_best_at}
-    result = {"hyperparameters": HP, "recbole_epoch_cap": args.recbole_epochs,
-              "over_seeds": over_seeds(rows, names, args.seeds.split(",")) if args.seeds else None,
-              "side_by_side": not args.sequential,
-              "protocol": rb["result"].get("protocol"), "runs": rows, "machine": machine(),
+                      "ratio_vs_recbole_total_wall": None if reach is None else reach / rb_wall,
+                      "ratio_vs_recbole_time_to_best": None if reach is None else reach / rb_best_at,
+                      "machine": machine()}
+    summaries = {**((earlier or {}).get("over_seeds") or {} if args.keep else {}),
+                 **(over_seeds(rows, names, args.seeds.split(",")) if args.seeds else {})}
+    result = {"hyperparameters": HP, "recbole_epoch_cap": args.recbole_epochs, "over_seeds": summaries or None,
+              "side_by_side": not args.sequential and not args.reuse_recbole,
+              "protocol": rb_row.get("protocol") or (earlier or {}).get("protocol"), "runs": rows,
+              "machine": machine(),
               "note": "elapsed times include per-epoch validation for both libraries"}
-    write_result(RESULTS / "speed_vs_recbole.json", result)
+    write_result(out, result)
     print(json.dumps(rows, indent=2))
 
 

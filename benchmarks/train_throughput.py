@@ -9,9 +9,10 @@ optimiser step, weight-average update. FLOPs per step are counted once by torch'
 (the matrix products and attention of forward + backward; element-wise work is not counted, so
 the fraction is of useful product work). Each row runs in float32 and under bf16 autocast; the
 peak is a 4096² product in the same precision on the same threads, measured before and after the
-rows (the median of both is used).
+rows (the median of both is used). `--recipes`: seqrec runs of benchmarks/speed_vs_recbole.py (the
+plain recipe whose time to RecBole's best is reported there), measured the same way on its data.
 
-    python benchmarks/train_throughput.py [--datasets ml-100k amazon-beauty-p5] [--dims 64 256]
+    python benchmarks/train_throughput.py [--datasets ml-100k amazon-beauty-p5] [--dims 64 256] [--recipes R]
     python benchmarks/train_throughput.py --tiny          # generated data, for the test suite
 
 Writes results/train_throughput.json (or --out).
@@ -20,6 +21,7 @@ Writes results/train_throughput.json (or --out).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -32,6 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine, matmul_gflops, prepared, write_result
+from speed_vs_recbole import SEQREC_RUNS, ml100k_recbole_files, seqrec_sets
 
 from seqrec.config import resolve
 from seqrec.data.dataset import PreparedDataset
@@ -44,18 +47,23 @@ from seqrec.train.sparse import clip_grad_norm
 PHASES = ("feed", "forward", "backward", "clip", "optimizer", "average")
 
 
-def config_for(d: int, data: PreparedDataset, precision: str) -> tuple[Any, list[dict[str, Any]]]:
-    """The default SASRec config at width d with its `auto` decisions made for `data`, as `fit` makes
-    them, and those decisions."""
-    cfg = resolve({"model": {"name": "sasrec", "d": d, "d_ff": 4 * d},
-                   "train": {"threads": torch.get_num_threads(), "bf16": precision == "bf16"}})
+def config_for(d: int, data: PreparedDataset, precision: str, recipe: str | None = None
+               ) -> tuple[Any, list[dict[str, Any]]]:
+    """The default SASRec config at width d (or a seqrec run of benchmarks/speed_vs_recbole.py, its own d)
+    with its `auto` decisions made for `data`, as `fit` makes them, and those decisions."""
+    precision_sets = [f"train.threads={torch.get_num_threads()}", f"train.bf16={str(precision == 'bf16').lower()}"]
+    if recipe is None:
+        cfg = resolve({"model": {"name": "sasrec", "d": d, "d_ff": 4 * d}}, precision_sets)
+    else:
+        cfg = resolve({}, [*seqrec_sets(*SEQREC_RUNS[recipe]), *precision_sets])
     decisions = resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, torch.device("cpu"), None)
     decisions += resolve_auto(cfg.model, data, None) + resolve_auto_data(cfg.data, data)
     return cfg, decisions
 
 
-def measure(data: PreparedDataset, d: int, precision: str, steps: int, warmup: int) -> dict[str, Any]:
-    cfg, decisions = config_for(d, data, precision)
+def measure(data: PreparedDataset, d: int, precision: str, steps: int, warmup: int,
+            recipe: str | None = None) -> dict[str, Any]:
+    cfg, decisions = config_for(d, data, precision, recipe)
     device = torch.device("cpu")
     model, opt, batches, step = setup(cfg, data, device)
     ema = weight_average(model, cfg)
@@ -85,7 +93,7 @@ def measure(data: PreparedDataset, d: int, precision: str, steps: int, warmup: i
             ema.update(model)
         t.append(time.perf_counter())
         if i >= warmup:
-            times.append([b - a for a, b in zip(t, t[1:], strict=False)])
+            times.append([b - a for a, b in itertools.pairwise(t)])
             timed.append(batch)
     # the products of the same batches, counted afterwards (the counter slows what it watches)
     flops = 0
@@ -99,7 +107,8 @@ def measure(data: PreparedDataset, d: int, precision: str, steps: int, warmup: i
     phases = {p: statistics.median(col) for p, col in zip(PHASES, zip(*times, strict=True), strict=True)}
     seconds = sum(map(sum, times))
     targets = sum(int((b.targets != 0).sum()) for b in timed)
-    return {"d": d, "precision": precision, "batch_size": cfg.train.batch_size, "loss": cfg.model.loss,
+    return {"config": recipe or "default", "d": cfg.model.d, "precision": precision,
+            "batch_size": cfg.train.batch_size, "loss": cfg.model.loss,
             "stride": cfg.data.stride, "history_bias": cfg.model.history_bias, "max_len": cfg.data.max_len,
             "items": data.n_items, "steps": steps, "median_phase_s": phases, "seconds": seconds,
             "targets": targets, "targets_per_s": targets / seconds,
@@ -114,12 +123,14 @@ def peaks(threads: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", nargs="+", default=["ml-100k", "amazon-beauty-p5"])
+    p.add_argument("--datasets", nargs="*", default=["ml-100k", "amazon-beauty-p5"])
     p.add_argument("--dims", type=int, nargs="+", default=[64, 256])
     p.add_argument("--precisions", nargs="+", default=["float32", "bf16"], choices=["float32", "bf16"])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--recipes", nargs="*", default=["seqrec-batch32-stride10-recbole-arch-jitter-p20"],
+                   choices=sorted(SEQREC_RUNS), help="seqrec runs of speed_vs_recbole.py, on its ml-100k files")
     p.add_argument("--tiny", action="store_true", help="a small generated log instead of --datasets")
     p.add_argument("--out", type=Path, default=RESULTS / "train_throughput.json")
     args = p.parse_args()
@@ -137,6 +148,11 @@ def main() -> None:
                 for precision in args.precisions:
                     rows.append({"dataset": name, **measure(data, d, precision, args.steps, args.warmup)})
                     print(rows[-1], flush=True)
+        for recipe in [] if args.tiny else args.recipes:
+            for precision in args.precisions:
+                rows.append({"dataset": "ml-100k (RecBole's files)",
+                             **measure(ml100k_recbole_files(), 0, precision, args.steps, args.warmup, recipe)})
+                print(rows[-1], flush=True)
     after = peaks(args.threads)
     peak = {k: statistics.median([before[k], after[k]]) for k in before}
     for r in rows:

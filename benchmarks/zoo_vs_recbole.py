@@ -42,15 +42,20 @@ CONFIGS = {"GRU4Rec": ROOT / "configs" / "ml-100k-gru4rec.toml", "BERT4Rec": ROO
 FIXED = {"seed": 2020, "threads": 1, "stopping_step": 10, "train_batch_size": 256}
 
 
+def plain(model: str) -> list[str]:
+    """What keeps the seqrec side as plain as RecBole's model: no history bias ("auto" would turn it on)."""
+    return ["model.history_bias=false"] if model == "GRU4Rec" else []
+
+
 def seqrec_config(model: str, extra: list[str]) -> RunConfig:
     """The shipped config of `model` with the run's overrides: the one source of both libraries' settings."""
-    return resolve(load_toml(CONFIGS[model]), extra)
+    return resolve(load_toml(CONFIGS[model]), [*plain(model), *extra])
 
 
 def recbole_hp(model: str, cfg: RunConfig, seed: int = FIXED["seed"]) -> list[str]:
     """RecBole's arguments for the settings of the seqrec config `cfg`, so the two cannot drift apart."""
     m, t = cfg.model, cfg.train
-    if getattr(m, "loss", None) != "ce" or getattr(m, "history_bias", False):
+    if getattr(m, "loss", None) != "ce" or getattr(m, "history_bias", False) is not False:
         raise SystemExit(f"{model}: RecBole trains plain full-softmax CE; the seqrec side must too")
     common = ["--lr", str(t.lr), "--max-len", str(cfg.data.max_len), "--seed", str(seed),
               "--threads", str(FIXED["threads"]), "--stopping-step", str(FIXED["stopping_step"]),
@@ -92,7 +97,8 @@ def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float | None
     if not (data_dir / "meta.json").is_file():
         prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
     sets = [f'data.dataset="{data_dir}"', f"train.threads={FIXED['threads']}", "train.progress=false",
-            "eval.ks=[10, 50]", *([f"train.time_budget_s={budget}"] if budget is not None else []), *extra]
+            "eval.ks=[10, 50]", *([f"train.time_budget_s={budget}"] if budget is not None else []),
+            *plain(model), *extra]
     cmd = [sys.executable, "-m", "seqrec.cli", "train", "--config", str(CONFIGS[model]), "--out", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]

@@ -1,0 +1,122 @@
+"""The cost sections of the results pages: evaluation, scale and training throughput (report.py
+renders them with the rest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import RESULTS
+from common import load_result as load
+from tables import DASH, f4, header, table
+
+
+def eval_cost(d: dict[str, Any]) -> list[str]:
+    m = d["median"]
+    return ["## Evaluation cost: full ranking, blocked", "",
+            f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
+            f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). Medians of {len(d['runs'])} runs, "
+            "each in a fresh process that also measures the matmul peak (a 4096² float32 product on the same "
+            "threads). Script: `benchmarks/eval_cost.py`; file: `results/eval_cost.json`.", "",
+            *header(["wall s", "GFLOP/s", "matmul peak GFLOP/s", "fraction of peak", "peak RSS MB",
+                     "RSS before ranking MB"]),
+            f"| {m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | {m['fraction_of_peak']:.2f} | "
+            f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
+
+
+
+
+def scale(d: dict[str, Any]) -> list[str]:
+    """Cost against size on generated logs: prepare, an epoch, full evaluation, the IVF build."""
+    rows = [[f"{r['interactions']:,}", f"{r['users']:,}", f"{r['items']:,}", f"{r['prepare']['total_s']:.1f}",
+             f"{r['prepare']['peak_rss_mb'] / 1024:.2f}", f"{r['epoch']['targets_per_s']:,.0f}",
+             f"{r['epoch']['epoch_s']:.0f}" + (" (est.)" if r["epoch"]["extrapolated"] else ""),
+             f"{r['evaluation']['all_users_s']:.0f}" + (" (est.)" if r["evaluation"]["extrapolated"] else ""),
+             f"{r['evaluation']['gflop_per_s']:.0f}", f"{r['index']['build_s']:.1f}"] for r in d["rows"]]
+    intro = ("Generated logs (`seqrec.data.synthetic`: Zipf item popularity, log-normal history lengths; users = "
+             "n/10, items = n/20). `prepare`: `seqrec data prepare` on the log as Parquet, in its own process (its "
+             "peak RSS). Epoch: SASRec d 64, 2 blocks, sampled softmax with 1024 shared negatives, batch 256, 2 "
+             "threads; the rate of the first batches times every training target. Evaluation: exact full ranking "
+             "of sampled validation users against every item, scaled to all users. IVF: FAISS build over the item "
+             f"vectors. Script: `benchmarks/scale.py`; file: `results/scale.json`; command: `{d['command']}`. "
+             "What grows faster than the data: full evaluation is users × items, and both grow with n, so it is "
+             "quadratic by definition (the rate stays near the matmul peak); the training rate falls as the item "
+             "table grows, and the step profile below says why.")
+    lines = ["## Scale: cost against size", "", intro, "",
+             *table(["interactions", "users", "items", "prepare s", "prepare peak GB", "train targets/s", "epoch s",
+                     "full evaluation s", "evaluation GFLOP/s", "IVF build s"], rows)]
+    if (RESULTS / "scale.png").is_file():
+        lines += ["", "![cost against size](results/scale.png)"]
+    prof = load("step_profile.json")
+    if prof:
+        phases = list(prof["rows"][0]["median_s"])
+        dense = {r["interactions"]: r for r in prof["rows"] if not r.get("sparse_items")}
+        lines += ["", "Where a training step's time goes (the same model and logs, one step's phases, median over "
+                  f"{prof['rows'][0]['steps']} steps after a warm-up, {prof['threads']} thread). With dense "
+                  "gradients the backward pass grows with the item table, not with the batch: the embedding lookup "
+                  "and the gathers of the targets and the sampled negatives each write a gradient the size of the "
+                  "whole table, which autograd sums, and Adam and the clipping read every row of it. With "
+                  "`train.sparse_items` (on by default for a sampled loss over 100,000 items or more) the table "
+                  "gets sparse gradients and only the rows a batch touched are updated (`seqrec.train.sparse`), "
+                  "in the same process on the same batches. Script: `benchmarks/step_profile.py`; file: "
+                  f"`results/step_profile.json`; command: `{prof['command']}`.", "",
+                  *table(["interactions", "items", "item table MB", "gradients", *(f"{p} ms" for p in phases),
+                          "step ms", "dense / sparse"],
+                         [[f"{r['interactions']:,}", f"{r['items']:,}", f"{r['item_table_mb']:.0f}",
+                           "sparse" if r.get("sparse_items") else "dense",
+                           *(f"{1e3 * r['median_s'][p]:.1f}" for p in phases), f"{1e3 * r['step_s']:.1f}",
+                           f"{dense[r['interactions']]['step_s'] / r['step_s']:.1f} ×"
+                           if r.get("sparse_items") and r["interactions"] in dense else DASH]
+                          for r in prof["rows"]])]
+    quality = load("sparse_items.json")
+    if quality:
+        lines += ["", "What the lazy updates cost in quality: SASRec with a sampled softmax on "
+                  f"{quality['dataset']}, otherwise the defaults, one thread, with dense and with sparse item-table "
+                  "gradients. No dataset here has the 100,000 items from which `auto` turns them on, so this is a "
+                  "small catalogue, where they bring no speed. Script: `benchmarks/sparse_items.py`; file: "
+                  f"`results/sparse_items.json`; command: `{quality['command']}`.", "",
+                  *table(["train.sparse_items", "epochs (best)", "train s", "valid N@10", "test R@10", "test N@10"],
+                         [[str(r["sparse_items"]).lower(), f"{r['epochs_run']} ({r.get('best_epoch', DASH)})",
+                           f"{r['train_seconds']:.0f}", f4(r["valid"]["ndcg@10"]), f4(r["test"]["recall@10"]),
+                           f4(r["test"]["ndcg@10"])] for r in quality["runs"].values() if "test" in r])]
+    return lines
+
+
+def _phases_ms(r: dict[str, Any]) -> str:
+    p = r["median_phase_s"]
+    return " / ".join(f"{1e3 * p[k]:.1f}" for k in ("forward", "backward", "optimizer"))
+
+
+def train_throughput(d: dict[str, Any]) -> list[str]:
+    """Targets/s and achieved FLOP/s of the default SASRec's training step, before and after the profile's fixes."""
+    before = load("train_throughput_before.json")
+    old = {(r["dataset"], r["d"], r["precision"]): r for r in (before or {}).get("rows", [])}
+    peak = d["peak_gflop_per_s"]["used"]
+    intro = ("`seqrec train --model sasrec` with no config (d_ff = 4 d; the `auto` decisions each dataset gets, "
+             "listed per row), the library's own training step (`seqrec.train.loop.setup`: model, AdamW, feeder, "
+             f"weight average), {d['rows'][0]['steps']} timed steps after a warm-up, {d['threads']} thread. "
+             "GFLOP counts the matrix products and attention of forward + backward (torch's FlopCounterMode on "
+             "the same batches, afterwards); the fraction is of the peak measured in the same run, a 4096² "
+             f"product in the same precision on the same threads ({peak['float32']:.0f} GFLOP/s float32, "
+             f"{peak['bf16']:.0f} bf16, the median of before and after the rows; the other core ran a training "
+             "meanwhile). bf16 rows train under `train.bf16=true` (autocast). Phases: median milliseconds of one "
+             f"step. Script: `benchmarks/train_throughput.py`; file: `results/train_throughput.json`; command: "
+             f"`{d['command']}`.")
+    if before:
+        intro += (f" \"before\": the same script on the commit before the profile's fixes "
+                  f"({before['machine'].get('commit', '?')}, `results/train_throughput_before.json`, run just "
+                  "before on the same machine): there a history bias on the full softmax reduced each target's "
+                  "history to distinct items with an (M, L, L) comparison and took the log-sum-exp in double "
+                  "precision, where now the offsets are added onto their items' logits (`scatter_add`, as serving "
+                  "does) and the cross-entropy is the fused one; the output bias is added inside the product (addmm).")
+    rows = []
+    for r in d["rows"]:
+        was = old.get((r["dataset"], r["d"], r["precision"]))
+        rows.append([r["dataset"], str(r["d"]), r["precision"], str(r["batch_size"]),
+                     f"{r['loss']}{' + history bias' if r['history_bias'] else ''}, stride {r['stride']}",
+                     f"{r['targets_per_s']:,.0f}", f"{was['targets_per_s']:,.0f}" if was else DASH,
+                     f"{r['targets_per_s'] / was['targets_per_s']:.2f} ×" if was else DASH,
+                     f"{r['gflop_per_step']:.2f}", f"{r['gflop_per_s']:.0f}", f"{r['fraction_of_peak']:.2f}",
+                     _phases_ms(r)])
+    return ["## Training throughput: targets/s and the fraction of the matmul peak", "", intro, "",
+            *table(["dataset", "d", "precision", "batch", "loss", "targets/s", "before", "speed-up", "GFLOP / step",
+                    "GFLOP/s", "fraction of peak", "forward / backward / optimizer ms"], rows)]
