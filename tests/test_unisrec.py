@@ -66,6 +66,25 @@ def test_pw_layer_is_x_minus_b_times_w() -> None:
     torch.testing.assert_close(out, torch.tensor([[1.0, 2.0]]))
 
 
+def test_pw_layer_training_step_is_dropout_then_whitening() -> None:
+    """The fast CPU path (bias and dropout scale moved past the product) is the textbook layer, draw for draw."""
+    torch.manual_seed(0)
+    layer = PWLayer(24, 8, dropout=0.2).train()
+    with torch.no_grad():
+        layer.bias.normal_()
+    x = torch.randn(50, 24)
+    torch.manual_seed(1)
+    out = layer(x)
+    torch.manual_seed(1)  # the same keep mask
+    ref = layer.lin(layer.drop(x) - layer.bias)
+    torch.testing.assert_close(out, ref)
+    assert not torch.equal(out, layer.eval()(x))  # dropout did drop something
+    grads = torch.autograd.grad(out.square().sum(), [layer.bias, layer.lin.weight])
+    ref_grads = torch.autograd.grad(ref.square().sum(), [layer.bias, layer.lin.weight])
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
+
+
 def test_svd_whitening_gives_identity_covariance() -> None:
     g = torch.Generator().manual_seed(0)
     mixing = torch.randn(10, 10, generator=g)

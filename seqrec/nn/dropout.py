@@ -19,14 +19,24 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype,
-              device: torch.device | str = "cpu") -> torch.Tensor:
-    """A tensor of 0 (dropped) and 1/(1 - p') (kept), p' = p rounded to a multiple of 1/256 (at most 255/256)."""
+def keep_ones(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype,
+              device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
+    """A tensor of 1 (kept) and 0 (dropped) with p' = p rounded to a multiple of 1/256 (at most 255/256)
+    dropped, and the scale 1/(1 - p') of the kept values. The comparison writes straight into `dtype`:
+    a bool mask converted afterwards costs twice the whole draw."""
     cut = min(round(p * 256), 255)
     n = math.prod(shape)
     words = torch.randint(-(2**63), 2**63 - 1, ((n + 7) // 8,), dtype=torch.int64, device=device)
-    kept = words.view(torch.uint8)[:n].view(shape) >= cut
-    return kept.to(dtype) * (256 / (256 - cut))
+    ones = torch.empty(shape, dtype=dtype, device=device)
+    torch.ge(words.view(torch.uint8)[:n].view(shape), cut, out=ones)
+    return ones, 256 / (256 - cut)
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """A tensor of 0 (dropped) and 1/(1 - p') (kept): `keep_ones` times its scale."""
+    ones, scale = keep_ones(shape, p, dtype, device)
+    return ones.mul_(scale)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
