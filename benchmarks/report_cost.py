@@ -87,36 +87,40 @@ def _phases_ms(r: dict[str, Any]) -> str:
 
 
 def train_throughput(d: dict[str, Any]) -> list[str]:
-    """Targets/s and achieved FLOP/s of the default SASRec's training step, before and after the profile's fixes."""
-    before = load("train_throughput_before.json")
-    old = {(r["dataset"], r["d"], r["precision"]): r for r in (before or {}).get("rows", [])}
+    """Targets/s and achieved FLOP/s of the training step, and the speed-up over the code the profile replaced."""
     peak = d["peak_gflop_per_s"]["used"]
     intro = ("`seqrec train --model sasrec` with no config (d_ff = 4 d; the `auto` decisions each dataset gets, "
-             "listed per row), the library's own training step (`seqrec.train.loop.setup`: model, AdamW, feeder, "
-             f"weight average), {d['rows'][0]['steps']} timed steps after a warm-up, {d['threads']} thread. "
+             "recorded per row), `seqrec train --model unisrec` with no config, and the plain recipe of the RecBole "
+             "comparison above (its run name), each through the library's own training step "
+             "(`seqrec.train.loop.setup`: model, optimiser, feeder, weight average), "
+             f"{d['rows'][0]['steps']} timed steps after a warm-up, {d['threads']} thread. "
              "GFLOP counts the matrix products and attention of forward + backward (torch's FlopCounterMode on "
              "the same batches, afterwards); the fraction is of the peak measured in the same run, a 4096² "
              f"product in the same precision on the same threads ({peak['float32']:.0f} GFLOP/s float32, "
-             f"{peak['bf16']:.0f} bf16, the median of before and after the rows; the other core ran a training "
-             "meanwhile). bf16 rows train under `train.bf16=true` (autocast). Phases: median milliseconds of one "
-             f"step. Script: `benchmarks/train_throughput.py`; file: `results/train_throughput.json`; command: "
-             f"`{d['command']}`.")
-    if before:
-        intro += (f" \"before\": the same script on the commit before the profile's fixes "
-                  f"({before['machine'].get('commit', '?')}, `results/train_throughput_before.json`, run just "
-                  "before on the same machine): there a history bias on the full softmax reduced each target's "
-                  "history to distinct items with an (M, L, L) comparison and took the log-sum-exp in double "
-                  "precision, where now the offsets are added onto their items' logits (`scatter_add`, as serving "
-                  "does) and the cross-entropy is the fused one; the output bias is added inside the product (addmm).")
+             f"{peak['bf16']:.0f} bf16, the median of before and after the rows). bf16 rows train under "
+             "`train.bf16=true` (autocast). Phases: median milliseconds of one step. Script: "
+             f"`benchmarks/train_throughput.py`; file: `results/train_throughput.json`; command: `{d['command']}`.")
+    if any("reference" in r for r in d["rows"]):
+        intro += (" \"Replaced code\": each row measured again right after, in the same process, with the code "
+                  "the profile replaced patched back in (`--compare`, `reference_paths` in the script). What the "
+                  "profile showed and what changed: a history bias on the full softmax reduced each target's history "
+                  "to distinct items with an (M, L, L) comparison and took the log-sum-exp in double precision, where "
+                  "now the offsets are added onto their items' logits (`scatter_add`, as serving does) and the "
+                  "cross-entropy is the fused one; the output bias is added inside the product (addmm); the dropout "
+                  "mask's comparison writes straight into the activation dtype (a bool mask converted afterwards cost "
+                  "twice the draw); UniSRec's whitening experts, which run over the whole item table every step, "
+                  "compute x W - b W with the dropout scale after the product, so no centred or scaled copy of the "
+                  "(items × 384) text table is made and the bias gradient is a vector product.")
     rows = []
     for r in d["rows"]:
-        was = old.get((r["dataset"], r["d"], r["precision"]))
-        rows.append([r["dataset"], str(r["d"]), r["precision"], str(r["batch_size"]),
+        was = r.get("reference")
+        config = {"default": "SASRec defaults", "unisrec": "UniSRec defaults"}.get(r["config"], r["config"])
+        rows.append([r["dataset"], config, str(r["d"]), r["precision"], str(r["batch_size"]),
                      f"{r['loss']}{' + history bias' if r['history_bias'] else ''}, stride {r['stride']}",
                      f"{r['targets_per_s']:,.0f}", f"{was['targets_per_s']:,.0f}" if was else DASH,
                      f"{r['targets_per_s'] / was['targets_per_s']:.2f} ×" if was else DASH,
                      f"{r['gflop_per_step']:.2f}", f"{r['gflop_per_s']:.0f}", f"{r['fraction_of_peak']:.2f}",
                      _phases_ms(r)])
     return ["## Training throughput: targets/s and the fraction of the matmul peak", "", intro, "",
-            *table(["dataset", "d", "precision", "batch", "loss", "targets/s", "before", "speed-up", "GFLOP / step",
-                    "GFLOP/s", "fraction of peak", "forward / backward / optimizer ms"], rows)]
+            *table(["dataset", "model", "d", "precision", "batch", "loss", "targets/s", "replaced code", "speed-up",
+                    "GFLOP / step", "GFLOP/s", "fraction of peak", "forward / backward / optimizer ms"], rows)]

@@ -28,10 +28,39 @@ def test_step_profile_tiny(tmp_path: Path) -> None:
 
 def test_train_throughput_tiny(tmp_path: Path) -> None:
     out = tmp_path / "throughput.json"
-    run_benchmark("train_throughput.py", "--tiny", "--dims", "16", "--steps", "2", "--warmup", "1", "--out", str(out))
+    run_benchmark("train_throughput.py", "--tiny", "--compare", "--dims", "16", "--steps", "2", "--warmup", "1",
+                  "--out", str(out))
     result = json.loads(out.read_text())
     assert {r["precision"] for r in result["rows"]} == {"float32", "bf16"}
     for row in result["rows"]:
         assert row["steps"] == 2 and row["targets"] > 0 and row["seconds"] > 0
         assert row["gflop_per_step"] > 0 and 0 < row["fraction_of_peak"] == row["gflop_per_s"] / row["peak_gflop_per_s"]
         assert row["auto"]["model.loss"] == "ce" and set(row["median_phase_s"]) >= {"forward", "backward", "optimizer"}
+        assert row["reference"]["targets"] == row["targets"] > 0  # the replaced code trained on the same batches
+
+
+def test_replaced_code_computes_the_same_loss(tmp_path: Path) -> None:
+    """The speed-up column compares like with like: the code the profile replaced gives the same loss
+    (UniSRec's whitening layer is checked draw for draw in test_unisrec)."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import train_throughput as tt
+
+    from seqrec.data.prepare import PrepareOptions, prepare
+    from seqrec.data.synthetic import LogShape, generated_dataset
+
+    data = prepare(generated_dataset(LogShape(n_interactions=3000, n_users=200, n_items=150)), PrepareOptions(),
+                   tmp_path / "d")
+    cfg, _ = tt.config_for(16, data, "float32")  # the defaults: full softmax + history bias, dropout
+    assert cfg.model.history_bias is True
+    _, _, batches, step = tt.setup(cfg, data, torch.device("cpu"))
+    batch = next(iter(batches))
+    torch.manual_seed(5)
+    loss = step(batch)
+    with tt.reference_paths():
+        torch.manual_seed(5)  # the same dropout draws
+        ref = step(batch)
+    torch.testing.assert_close(loss, ref)
