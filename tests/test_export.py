@@ -246,6 +246,21 @@ def test_models_with_side_features_export_and_serve(name: str, fusion: str, tmp_
         typo = client.post("/recommend", json={**body, "events": {"ratin": ratings[0].tolist()}})
         error = typo.json()["error"]
         assert typo.status_code == 400 and "['ratin']" in error and "takes rating" in error
+        # a session whose events carry their time and rating: after each event, /recommend's top-k on the
+        # same history with the same times and ratings; an event without them leaves them missing there
+        for n, (item, t, r) in enumerate(zip(ids, times[0], ratings[0], strict=True), start=1):
+            extra = {"values": {"rating": float(r)}} if n != 2 else {}  # the second event gives no rating
+            got = client.post("/sessions/u/events", json={"item": item, "k": 10, "time": float(t), **extra}).json()
+            r_given = [float(x) if i != 1 else float("nan") for i, x in enumerate(ratings[0][:n])]
+            want = torch_rec.recommend(ids[:n], k=10, times=times[0][:n].tolist(), events={"rating": r_given})
+            assert [g["item"] for g in got["recommendations"]] == [w.item for w in want]
+            np.testing.assert_allclose([g["score"] for g in got["recommendations"]], [w.score for w in want],
+                                       atol=1e-4)
+        view = client.get("/sessions/u").json()  # re-encoded from the stored times and values
+        assert [g["item"] for g in view["recommendations"]] == [w.item for w in want]
+        bad = client.post("/sessions/u/events", json={"item": ids[0], "values": {"ratin": 3.0}})
+        assert bad.status_code == 400 and "['ratin']" in bad.json()["error"]
+        assert client.get("/sessions/u").json()["n_events"] == len(ids)  # a refused event adds nothing
     many = [[raw[i - 1] for i in h] for h in histories[:4]]  # batch requests: event values missing
     assert [[x.item for x in rs] for rs in onnx_rec.recommend_many(many, k=5)] == \
         [[x.item for x in torch_rec.recommend(h, k=5)] for h in many]

@@ -97,6 +97,9 @@ class EventRequest(Strict):
     item: ItemId
     k: int = Field(10, ge=1, le=1000)
     exclude_seen: bool = False
+    time: float | None = Field(None, description="the event's time, seconds (for gap and hour features)")
+    values: dict[Annotated[str, Field(max_length=200)], float] | None = Field(
+        None, max_length=64, description="the event's feature values by name (e.g. rating)")
 
 
 class SessionResponse(BaseModel):
@@ -230,7 +233,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
                         req: EventRequest) -> SessionResponse:
         """Append one event to a server-side session (created on its first event); returns the new top-k."""
         _sessions_on(sessions_enabled)
-        return _session(await batcher.run(sessions.add_event, session_id, req.item, req.k, req.exclude_seen))
+        return _session(await batcher.run(sessions.add_event, session_id, req.item, req.k, req.exclude_seen,
+                                           req.time, req.values))
 
     @app.get("/sessions/{session_id}", response_model=SessionResponse)
     async def get_session(session_id: Annotated[str, Path(min_length=1, max_length=128)],

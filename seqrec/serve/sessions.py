@@ -7,15 +7,22 @@ exact cache (the window slides, every position moves), nor has a model without o
 positions counted from the end): those events re-encode the last max_len items. Either way the
 top-k after n events equals `Recommender.recommend` on the same n-item history.
 
+An event may carry its time (seconds) and event feature values (e.g. a rating): a model with event
+features encodes the session with them, as `recommend` does with `times` and `events`; what an
+event leaves out is missing (NaN) at that position. Such models re-encode at every event (their
+inputs are not cached).
+
 Bounded: at most `max_sessions` live sessions, each at most `max_events` events; a session idle
 for `ttl_s` seconds is dropped.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +39,8 @@ class SessionLimit(SeqrecError):
 @dataclass
 class Session:
     items: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # one per item, NaN where the event gave none
+    values: dict[str, list[float]] = field(default_factory=dict)  # feature -> one per item, NaN where absent
     cache: Any = None  # the model's cache of `items` (None: empty, not cacheable, or dropped)
     generation: int = 0  # the catalogue's generation the cache was computed under
     touched: float = field(default_factory=time.monotonic)
@@ -92,24 +101,41 @@ class Sessions:
         with session.lock:
             if not session.items:
                 return SessionView(sid, 0, [], [], False)
-            states, batch = self.rec.encode([session.items])
+            states, batch = self.rec.encode([session.items], self._events(session.times, session.values))
             return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
 
+    def _events(self, times: list[float], values: Mapping[str, list[float]]) -> list[dict[str, Any]] | None:
+        """The event features of a session's history, as `Recommender.recommend` builds them; None without any."""
+        timed = any(not math.isnan(t) for t in times)
+        if not self.rec.model.event_feature_names() or not (timed or values):
+            return None
+        return [self.rec.history_events(len(times), times if timed else None, values)]
+
     @torch.no_grad()
-    def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
-        """Append one event (a raw item id) to the session (created if new) -> the new top-k."""
+    def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False, time_s: float | None = None,
+                  values: Mapping[str, float] | None = None) -> SessionView:
+        """Append one event (a raw item id; its time in seconds and event feature values, if any) to the
+        session (created if new) -> the new top-k."""
         (idx,) = self.rec.to_indices([item])
         self.rec.check_k(k)
+        if values:
+            self.rec.check_event_names(list(values))
         session = self._get(sid, create=True)
         with session.lock:
             if len(session.items) >= self.max_events:
                 raise SessionLimit(f"session {sid!r} has reached {self.max_events} events; start a new one")
-            items = [*session.items, idx]  # the session changes only once the model has run
+            # the session changes only once the model has run
+            items = [*session.items, idx]
+            times = [*session.times, math.nan if time_s is None else float(time_s)]
+            n, given = len(session.items), dict(values or {})
+            feats = {name: [*session.values.get(name, [math.nan] * n), float(given.get(name, math.nan))]
+                     for name in {*session.values, *given}}
             model, cat = self.rec.model, self.rec.catalogue
             device = cat.vectors.device
             if not (self.kv_cache and model.can_extend() and len(items) <= self.rec.max_len):
-                states, batch = self.rec.encode([items])  # beyond max_len the window slides: every position moves
-                session.items, session.cache = items, None
+                # beyond max_len the window slides: every position moves
+                states, batch = self.rec.encode([items], self._events(times, feats))
+                session.items, session.times, session.values, session.cache = items, times, feats, None
                 return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
             # an item's text replaced since the cache was made changes its keys and values: rebuild. The
             # generation is read before the model runs, so a replacement during it forces the next rebuild.
@@ -117,7 +143,8 @@ class Sessions:
             fresh = session.cache is not None and session.generation == generation
             states, cache = model.extend(torch.tensor([[idx]] if fresh else [items], device=device),
                                          session.cache if fresh else None)
-            session.items, session.cache, session.generation = items, cache, generation
+            session.items, session.times, session.values = items, times, feats
+            session.cache, session.generation = cache, generation
             window = torch.tensor([items], device=device)
             return self._answer(sid, session, states, window, k, exclude_seen, fresh or len(items) == 1)
 
