@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 import torch
 
+import seqrec.data.text as text_module
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.text import TextEncoder, TextOptions, default_encoder_path, item_texts, text_embeddings, word_drop
 from seqrec.errors import SeqrecError
@@ -86,16 +87,23 @@ def test_cache_is_reused_when_unchanged_and_rebuilt_when_a_key_changes(
     assert count.calls == 8
 
 
-def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: PreparedDataset,
-                                                              encoder_dir: Path) -> None:
+def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     titles = tiny_dataset.item_table["title"].to_list()
     titles[4] = None
     tiny_dataset.item_table.with_columns(title=pl.Series(titles)).write_parquet(tiny_dataset.path / "items.parquet")
     data = PreparedDataset.load(tiny_dataset.path)
-    base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0)
+    base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0, missing="error")
     with pytest.raises(SeqrecError, match="1 item"):
         text_embeddings(data, base)
     mean = text_embeddings(data, replace(base, missing="mean")).emb
+    # "auto" stands the mean in for a few items (and shares the cache entry), refuses a larger share
+    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 1.5 / data.n_items)  # 1 item in n is few enough
+    auto = text_embeddings(data, replace(base, missing="auto"))
+    assert auto.reused and torch.equal(auto.emb, mean)
+    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)  # below 1 item in n
+    with pytest.raises(SeqrecError, match=r"1 of \d+ items .* more than"):
+        text_embeddings(data, replace(base, missing="auto"))
     others = np.r_[1:5, 6 : data.n_items + 1]
     torch.testing.assert_close(mean[5], mean[others].mean(0))
     by_id = text_embeddings(data, replace(base, missing="id")).emb

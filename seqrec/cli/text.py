@@ -132,8 +132,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     enc.add_argument("--pooling", choices=["mean", "cls"], default="mean")
     enc.add_argument("--max-length", type=int, default=128, help="tokens per text")
     enc.add_argument("--template", default="", help='e.g. "{title}. {brand}" (default: every text field)')
-    enc.add_argument("--missing", choices=["error", "id", "mean"], default="error",
-                     help="items without text: error, the text 'item <id>', or the mean vector")
+    enc.add_argument("--missing", choices=["auto", "error", "id", "mean"], default="auto",
+                     help="items without text: error, the text 'item <id>', or the mean vector; auto = the mean "
+                          "for at most 1%% of the items (with a warning), an error for more")
     enc.add_argument("--word-drop", type=float, default=0.15, help="word-drop rate of the augmented view (0: none)")
     enc.add_argument("--batch-size", type=int, default=64)
     enc.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",

@@ -18,8 +18,10 @@ float32's to within 1e-4 cosine distance (benchmarks/text_encode.py measures bot
 is not part of the cache key, as the vectors it changes are equal within that tolerance; the
 JSON beside each file records which was used.
 
-Items with no text raise by default; `missing="id"` uses the text "item <raw id>",
-`missing="mean"` uses the mean vector of the items that have text. Zeros are never used silently.
+Items with no text: `missing="id"` uses the text "item <raw id>", `missing="mean"` the mean vector
+of the items that have text, `missing="error"` refuses. The default, "auto", takes the mean for a
+few (at most 1% of the catalogue, with a warning naming them) and refuses more, since a text model
+fed mostly stand-ins has little to learn from. Zeros are never used silently.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -67,6 +69,9 @@ def native_bf16(device: str) -> bool:
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
+MissingText = Literal["auto", "error", "id", "mean"]  # what items without text get (the module docstring)
+
+
 @dataclass(frozen=True)
 class TextOptions:
     encoder: str = DEFAULT_ENCODER  # a local folder or a Hugging Face / sentence-transformers name
@@ -74,7 +79,7 @@ class TextOptions:
     pooling: Literal["mean", "cls"] = "mean"
     max_length: int = 128  # tokens per text
     template: str = ""  # e.g. "{title}. {brand}"; "" = every known text field, joined by ". "
-    missing: Literal["error", "id", "mean"] = "error"
+    missing: MissingText = "auto"
     word_drop: float = 0.15  # probability of dropping a word in the augmented view; 0 = no view
     batch_size: int = 64
     seed: int = 0
@@ -84,8 +89,8 @@ class TextOptions:
         check_precision(self.precision)
         if self.pooling not in ("mean", "cls"):
             raise SeqrecError(f"text pooling must be mean or cls, got {self.pooling!r}")
-        if self.missing not in ("error", "id", "mean"):
-            raise SeqrecError(f"missing-text policy must be error, id or mean, got {self.missing!r}")
+        if self.missing not in ("auto", "error", "id", "mean"):
+            raise SeqrecError(f"missing-text policy must be auto, error, id or mean, got {self.missing!r}")
         if self.max_length < 1 or not 0 <= self.word_drop < 1:
             raise SeqrecError("text max_length must be >= 1 and word_drop in [0, 1)")
         if self.batch_size < 1:
@@ -222,14 +227,29 @@ def cache_key(options: TextOptions, source: str, revision: str | None, thash: st
             "word_drop_seed": options.seed, "missing": options.missing if any_missing else "none missing"}
 
 
-def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: str) -> tuple[list[str], np.ndarray]:
+AUTO_MISSING_SHARE = 0.01  # "auto": the mean vector for at most this share of the items, else an error
+
+
+def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingText
+                  ) -> tuple[list[str], np.ndarray, MissingText]:
+    """Texts with a stand-in where an item has none, which items had none, and the policy that applies
+    ("auto" decided: "mean" for a few, an error for more)."""
     missing = np.array([t is None for t in texts], dtype=bool)
-    if missing.any() and policy == "error":
-        shown = ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
-        raise SeqrecError(f"{int(missing.sum())} item(s) have no text (e.g. {shown}); pass a template that "
+    n, shown = int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+    share = n / max(1, len(texts))
+    if n and policy == "auto":
+        if share > AUTO_MISSING_SHARE:
+            raise SeqrecError(f"{n} of {len(texts)} items ({share:.1%}) have no text (e.g. {shown}), more than "
+                              f"the {AUTO_MISSING_SHARE:.0%} that text_missing='auto' stands in for; pass a template "
+                              "that covers them or choose a fallback (--missing id | mean, model.text_missing)")
+        log.warning("%d item(s) have no text (e.g. %s): they get the mean text vector (text_missing='auto'; "
+                    "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
+        policy = "mean"
+    if n and policy == "error":
+        raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); pass a template that "
                           "covers them or choose a fallback (--missing id | mean)")
     filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
-    return filled, missing
+    return filled, missing, policy
 
 
 def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(), progress: bool = False,
@@ -237,7 +257,8 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     """The (N+1, D) text vectors of `data`'s items, from the cache when nothing changed."""
     table = data.item_table.sort("idx")
     raw_ids = table["item"].to_list()
-    texts, missing = _fill_missing(item_texts(table, options.template), raw_ids, options.missing)
+    texts, missing, policy = _fill_missing(item_texts(table, options.template), raw_ids, options.missing)
+    options = replace(options, missing=policy)  # what applied is what the cache key records
     thash = texts_hash([None if m and options.missing == "mean" else t for t, m in zip(texts, missing, strict=True)])
     folder = data.path / "text_cache"
     try:

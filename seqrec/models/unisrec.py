@@ -76,7 +76,7 @@ class UniSRecConfig:
     text_pooling: Literal["mean", "cls"] = "mean"
     text_max_length: int = 128
     text_template: str = ""
-    text_missing: Literal["error", "id", "mean"] = "error"
+    text_missing: Literal["auto", "error", "id", "mean"] = "auto"  # auto: the mean vector for <= 1% of items
     text_word_drop: float = 0.15
     text_precision: Literal["auto", "fp32", "bf16"] = "auto"  # how the encoder computes (not part of the key)
 
