@@ -1051,6 +1051,14 @@ def headline(link: str = "docs/results.md") -> list[str]:
         rows.append([f"full ranking, {cost['users']:,} users × {cost['items']:,} items", "synthetic",
                      f"{cost['threads']} threads", f"{m['seconds']:.1f} s, {m['fraction_of_peak']:.2f} of matmul peak",
                      f"dense scores: {cost['naive_matrix_gb']:.0f} GB"])
+    throughput = load("train_throughput.json")
+    for r in (throughput or {}).get("rows", []):
+        if r["config"] == "default" and r["precision"] == "float32" and r["d"] == 64:
+            was = r.get("reference")
+            rows.append([f"SASRec with no config, d {r['d']}: one training step, 1 thread", r["dataset"],
+                         f"{r['targets']:,} targets", f"{r['targets_per_s']:,.0f} targets/s, "
+                         f"{r['fraction_of_peak']:.2f} of matmul peak",
+                         f"the code it replaced: {was['targets_per_s']:,.0f} targets/s" if was else DASH])
     serve = load("serve_load.json")
     if serve:
         for index, by_concurrency in serve["recommend"].items():
