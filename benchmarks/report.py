@@ -300,8 +300,7 @@ def speed(d: dict[str, Any]) -> list[str]:
                   "boundaries are drawn afresh each epoch (`data.jitter=true`)."]
     if d["runs"]["recbole"].get("reused"):
         lines += ["", f"RecBole's run is an earlier one (commit {d['runs']['recbole']['reused_from']}), reused "
-                  "(`--reuse-recbole`); the runs that name a commit ran later on the same machine, one thread, with "
-                  "another single-thread job on the other core, as RecBole had, so that the times compare."]
+                  "(`--reuse-recbole`); the runs that name a commit ran later on the same machine, one thread each."]
     if d.get("over_seeds"):
         lines += ["", "Validation values are compared unrounded (RecBole's own are rounded to 4 decimals): a run shown "
                   "with the same 4-decimal value as RecBole's best can still fall short of it. `hist`: seqrec's "

@@ -23,8 +23,6 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
             f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
 
 
-
-
 def scale(d: dict[str, Any]) -> list[str]:
     """Cost against size on generated logs: prepare, an epoch, full evaluation, the IVF build."""
     rows = [[f"{r['interactions']:,}", f"{r['users']:,}", f"{r['items']:,}", f"{r['prepare']['total_s']:.1f}",
@@ -110,7 +108,7 @@ def train_throughput(d: dict[str, Any]) -> list[str]:
                   "mask's comparison writes straight into the activation dtype (a bool mask converted afterwards cost "
                   "twice the draw); UniSRec's whitening experts, which run over the whole item table every step, "
                   "compute x W - b W with the dropout scale after the product, so no centred or scaled copy of the "
-                  "(items × 384) text table is made and the bias gradient is a vector product.")
+                  "item-text table is made and the bias gradient is a vector product.")
     rows = []
     for r in d["rows"]:
         was = r.get("reference")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
-from speed_vs_recbole import RECBOLE_PY, reach_stat, time_to_reach, timed
+from speed_vs_recbole import RECBOLE_PY, ml100k_recbole_files, reach_stat, time_to_reach, timed
 
 from seqrec.config import RunConfig, load_toml, resolve
 
@@ -90,12 +90,7 @@ def run_recbole(model: str, out: Path, epochs: int, python: Path, cfg: RunConfig
 
 def run_seqrec(model: str, run_dir: Path, extra: list[str], budget: float | None) -> dict[str, Any]:
     """`seqrec train --config configs/ml-100k-MODEL.toml` on the RecBole files, one thread, with `extra`."""
-    from seqrec.data.catalog import load_known
-    from seqrec.data.prepare import PrepareOptions, prepare
-
-    data_dir = WORK / "prepared" / "ml-100k-recbole-files"
-    if not (data_dir / "meta.json").is_file():
-        prepare(load_known("ml-100k", SHARED_DATA / "ml-100k" / "recbole"), PrepareOptions(), data_dir)
+    data_dir = ml100k_recbole_files().path
     sets = [f'data.dataset="{data_dir}"', f"train.threads={FIXED['threads']}", "train.progress=false",
             "eval.ks=[10, 50]", *([f"train.time_budget_s={budget}"] if budget is not None else []),
             *plain(model), *extra]

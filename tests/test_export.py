@@ -249,10 +249,12 @@ def test_models_with_side_features_export_and_serve(name: str, fusion: str, tmp_
         # a session whose events carry their time and rating: after each event, /recommend's top-k on the
         # same history with the same times and ratings; an event without them leaves them missing there
         for n, (item, t, r) in enumerate(zip(ids, times[0], ratings[0], strict=True), start=1):
-            extra = {"values": {"rating": float(r)}} if n != 2 else {}  # the second event gives no rating
-            got = client.post("/sessions/u/events", json={"item": item, "k": 10, "time": float(t), **extra}).json()
+            # the second event gives no rating, the third no time
+            extra = {**({"values": {"rating": float(r)}} if n != 2 else {}), **({"time": float(t)} if n != 3 else {})}
+            got = client.post("/sessions/u/events", json={"item": item, "k": 10, **extra}).json()
             r_given = [float(x) if i != 1 else float("nan") for i, x in enumerate(ratings[0][:n])]
-            want = torch_rec.recommend(ids[:n], k=10, times=times[0][:n].tolist(), events={"rating": r_given})
+            t_given = [float(x) if i != 2 else float("nan") for i, x in enumerate(times[0][:n])]
+            want = torch_rec.recommend(ids[:n], k=10, times=t_given, events={"rating": r_given})
             assert [g["item"] for g in got["recommendations"]] == [w.item for w in want]
             np.testing.assert_allclose([g["score"] for g in got["recommendations"]], [w.score for w in want],
                                        atol=1e-4)

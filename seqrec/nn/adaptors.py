@@ -31,11 +31,12 @@ def svd_whitening(x: torch.Tensor, d_out: int, eps: float = 1e-6) -> tuple[torch
 class PWLayer(nn.Module):
     """Parametric whitening: (x - b) W, with dropout on the input.
 
-    Computed as x W - b W: the same product, but the bias never meets the (N, D_text) input, so a
-    step over the whole item table makes no centred copy of it, and the bias's gradient is a
-    (D_text,) product instead of the (N, D_text) one that flowing back through x - b would take.
-    On CPU the dropout's scale is applied after the product too (on the (N, D) side): the input is
-    multiplied by the keep mask's ones alone, the same draw `Dropout` makes (seqrec.nn.dropout)."""
+    Training on CPU computes it as (x ⊙ kept) W · scale - b W: the same product, but the bias and
+    the dropout scale never meet the (N, D_text) input, so a step over the whole item table makes
+    no centred or scaled copy of it, and the bias's gradient is a (D_text,) product instead of the
+    (N, D_text) one that flowing back through x - b would take. The keep mask is the draw `Dropout`
+    makes (seqrec.nn.dropout). Elsewhere (evaluation, serving, CUDA) it is the textbook form, which
+    is the more accurate in low precision when the text vectors share a large mean."""
 
     def __init__(self, d_in: int, d_out: int, dropout: float) -> None:
         super().__init__()
@@ -48,7 +49,7 @@ class PWLayer(nn.Module):
         if self.training and self.drop.p > 0 and x.device.type == "cpu":
             kept, scale = keep_ones(x.shape, self.drop.p, x.dtype, x.device)
             return self.lin(x * kept) * scale - self.lin(self.bias)
-        return self.lin(self.drop(x)) - self.lin(self.bias)
+        return self.lin(self.drop(x) - self.bias)
 
     @torch.no_grad()
     def set_whitening(self, mean: torch.Tensor, W: torch.Tensor) -> None:

@@ -8,7 +8,8 @@ Logits are `h W^T + b` over items 1..N (padding never competes).
   large its log-partition is computed in item chunks by `ChunkedLogSumExp`, whose
   backward recomputes each chunk, so memory is O(M x chunk) instead of O(M x N).
   Optional per-row offsets on the row's history items (`seqrec.nn.history`) are
-  added exactly through a correction of the log-partition.
+  added onto their items' logits where the logits are materialised, and exactly
+  through a correction of the log-partition in the chunked path.
 - `bce_negatives`: the original SASRec objective, binary cross-entropy of the
   positive against k uniformly sampled negatives (never the positive).
 - `sampled_softmax`: softmax over the positive and k sampled negatives (shared by
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqrec.nn.history import distinct_offsets
+from seqrec.nn.history import add_offsets, distinct_offsets
 
 CHUNK_ELEMENTS = 1 << 24  # logits materialised at once by the chunked path
 
@@ -48,7 +49,11 @@ def rows(W: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return h @ W.T if b is None else torch.addmm(b, h, W.T)  # the bias added inside the product
+    if b is None:
+        return h @ W.T
+    if torch.is_autocast_enabled(h.device.type) or b.dtype != h.dtype:  # keep a float32 bias out of bf16
+        return h @ W.T + b
+    return torch.addmm(b, h, W.T)  # the bias added inside the product
 
 
 class ChunkedLogSumExp(torch.autograd.Function):
@@ -85,13 +90,14 @@ def full_ce(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, target: to
             chunk_elements: int = CHUNK_ELEMENTS,
             history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Mean softmax cross-entropy; `history` = (x, v, z) adds offsets v to the logits of each row's
-    history items x (seqrec.nn.history; z: their logits without offsets), exactly, without an (M, N) term."""
+    history items x (seqrec.nn.history; z: their logits without offsets, which only the chunked path,
+    without an (M, N) term, needs), exactly."""
     n_items = W.shape[0] - 1
     if h.shape[0] * n_items <= chunk_elements:
         logits = _logits(h, W[1:], None if b is None else b[1:]).float()
         if history is not None:  # the offsets go onto their items' logits (repeats add up), as in serving
-            x, v, _ = history
-            logits = logits.scatter_add(1, (x - 1).clamp(min=0), (v * (x != 0)).to(logits.dtype))
+            x, v, _ = history  # padding (x = 0) lands on item 1 with nothing, and no gradient to its v
+            add_offsets(logits, (x - 1).clamp(min=0), v * (x != 0))
         return F.cross_entropy(logits, target - 1)
     chunk = max(1, chunk_elements // max(1, h.shape[0]))
     bias = b if b is not None else torch.zeros(W.shape[0], device=W.device, dtype=W.dtype)
