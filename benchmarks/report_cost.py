@@ -7,7 +7,7 @@ from typing import Any
 
 from common import RESULTS
 from common import load_result as load
-from tables import DASH, f4, header, table
+from tables import DASH, f4, header, num, section, table
 
 
 def eval_cost(d: dict[str, Any]) -> list[str]:
@@ -122,3 +122,108 @@ def train_throughput(d: dict[str, Any]) -> list[str]:
     return ["## Training throughput: targets/s and the fraction of the matmul peak", "", intro, "",
             *table(["dataset", "model", "d", "precision", "batch", "loss", "targets/s", "replaced code", "speed-up",
                     "GFLOP / step", "GFLOP/s", "fraction of peak", "forward / backward / optimizer ms"], rows)]
+
+
+def text_encoding(d: dict[str, Any]) -> list[str]:
+    lines = section(
+        "Text encoding throughput (frozen encoder)",
+        "Script: `benchmarks/text_encode.py`; file: `results/text_encoding.json`. Every item text of the "
+        "dataset, mean pooling, max 128 tokens, batches of 64 sorted by length and padded per batch, median "
+        "of repeats that alternate the precisions; the cache is not used. GFLOP/s counts 2 × the encoder's "
+        "non-embedding parameters per token plus the attention products; the peak is a 4096² matmul in the "
+        "same precision on the same threads, measured in the same run.",
+        ["dataset", "encoder", "texts", "tokens", "threads", "precision", "texts/s", "tokens/s", "GFLOP/s",
+         "fraction of matmul peak"])
+    notes = []
+    for r in d.values():
+        for run in r["runs"]:
+            frac = run.get("fraction_of_peak")
+            lines.append(f"| {r['dataset']} | {r['encoder']} | {r['texts']} | {r['tokens']} | {run['threads']} | "
+                         f"{run.get('precision', 'fp32')} | {run['texts_per_s']:.0f} | {run['tokens_per_s']:.0f} | "
+                         + (f"{run['gflops']:.0f} | {frac:.2f} |" if frac is not None else "– | – |"))
+        cos, goal = r.get("bf16_cosine_distance"), r.get("goal_texts_per_s")
+        if cos and goal:
+            best = max(r["runs"], key=lambda x: x["texts_per_s"])
+            need = goal * r["gflop_per_text"]
+            verdict = ("met" if best["texts_per_s"] >= goal else
+                       f"not met: at {r['gflop_per_text']:.2f} GFLOP per text it needs {need:.0f} GFLOP/s, "
+                       f"{need / best['matmul_peak_gflops']:.1f}× the measured {best['precision']} matmul peak"
+                       + (f", beyond what this encoder can do on {best['threads']} thread(s)"
+                          if need > best["matmul_peak_gflops"] else ""))
+            where = f"{r['dataset']} ({r['note']})" if r.get("note") else r["dataset"]
+            notes.append(f"{where}: bf16 vectors within {cos['max']:.1e} cosine distance of float32's "
+                         f"(median {cos['median']:.1e}; goal ≤ {cos['goal_max']:g}); fastest "
+                         f"{best['texts_per_s']:.0f} texts/s ({best['threads']} thread(s), {best['precision']}); "
+                         f"goal {goal:,} texts/s {verdict}.")
+    return lines + (["", *notes] if notes else [])
+
+
+def _train_rows(device: str, d: dict[str, Any]) -> list[list[str]]:
+    runs = [("SASRec ml-100k recipe", d.get("train", {}).get("fp32")),
+            ("same, bf16 autocast", d.get("train", {}).get("bf16")),
+            ("SASRec d 256, 3 epochs", d.get("train", {}).get("d256")),
+            (f"same recipe, torchrun {d.get('ddp', {}).get('processes', '')} process(es), "
+             f"{d.get('ddp', {}).get('backend', '')}", d.get("ddp")),
+            ("UniSRec Scientific recipe", d.get("unisrec"))]
+    return [[name, device, r["epochs_run"], num(r["train_seconds"]), num(r["median_epoch_s"], 2),
+             num(r["median_targets_per_s"]), f4(r["test"]["recall@10"]), f4(r["test"]["ndcg@10"])]
+            for name, r in runs if r and "test" in r]
+
+
+def cuda(d: dict[str, Any]) -> list[str]:
+    cpu = load("cuda_check_cpu.json") or {}
+    rk, sv, pk = d["ranking"], d["serve"], d["peak"]
+    cpu_eval = load("eval_cost.json")
+    lines = ["## CUDA: the GPU paths against the CPU", "",
+             f"{d['device']}, torch {d['machine']['torch']}; matrix-product peak measured in the same run: "
+             f"fp32 {pk['fp32_tflops']:.0f} TFLOP/s (TF32 off, as seqrec leaves it), bf16 {pk['bf16_tflops']:.0f}. "
+             "Script: `benchmarks/cuda_check.py` (run where a GPU is lent; the CPU rows are the same script "
+             "with `--device cpu` on this 2-core machine); files: `results/cuda_check.json`, "
+             "`results/cuda_check_cpu.json`.", "",
+             "Blocked full ranking on the GPU against the CPU path (random states, planted exact ties, output "
+             "bias, history offsets, filtered history). A differing user is explained when a competitor sits "
+             "within float error of the tie boundary (margin: its distance from the boundary in units of the "
+             "tie tolerance, in float64):", "",
+             *table(["case", "users", "ranks that differ", "by at most", "margin of the nearest competitor"],
+                    [[case, r["users"], r["mismatches"], r["max_abs_rank_difference"],
+                      ", ".join(f"{m:.3f}" for m in r["boundary_margins"]) or DASH]
+                     for case, r in rk["equal_to_cpu"].items()]), "",
+             *table(["full ranking", "wall s (median of 3)", "TFLOP/s", "fraction of fp32 peak", "peak memory MB"],
+                    [[f"{rk['users']:,} × {rk['items']:,}, D {rk['d']}, GPU", num(rk["seconds_median"], 2),
+                      num(rk["tflops"], 1), num(rk["fraction_of_fp32_peak"], 2), num(rk.get("peak_gpu_memory_mb"))],
+                     *([[f"same, CPU {cpu_eval['threads']} threads (`eval_cost.py`)",
+                         num(cpu_eval["median"]["seconds"], 1), num(cpu_eval["median"]["gflops"] / 1e3, 2),
+                         num(cpu_eval["median"]["fraction_of_peak"], 2), num(cpu_eval["median"]["peak_rss_mb"])]]
+                       if cpu_eval else [])]), "",
+             "Training with the shipped recipes (`seqrec train ... --set train.device=cuda`); test metrics "
+             "of the validation-picked epoch. The CPU rows stop at the recipe's time budget, and ran while "
+             "other jobs shared this machine: their times are upper bounds.", "",
+             *table(["run", "device", "epochs", "train s", "s / epoch", "targets/s", "R@10", "N@10"],
+                    [*_train_rows("GPU", d), *_train_rows("CPU (2 cores)", cpu)]), "",
+             f"Serving a CUDA-loaded run: top-10 items equal to the CPU-loaded run's for "
+             f"{sv['topk_items_equal_to_cpu']} of {sv['histories']} real ml-100k histories (largest score "
+             f"difference {sv['max_score_difference']:.1e}); sessions with the KV cache ({sv['session_events_cached']} "
+             f"cached events over {sv['session_histories']} histories) against `recommend` on the same history: "
+             f"largest score difference {sv['session_vs_recommend_max_score_difference']:.1e}; the HTTP app's "
+             f"/recommend equal to `Recommender.recommend` for {sv['app_recommend_equal']} of {sv['app_checked']}; "
+             f"one request p50 {sv['recommend_latency_ms_p50']:.1f} ms, p99 {sv['recommend_latency_ms_p99']:.1f} ms."]
+    if (pr := d.get("profile")) and "ms_per_step" in pr:
+        launches = sum(e["calls_per_step"] for e in pr["top_self_cpu"] if e["op"].startswith("cudaLaunchKernel"))
+        syncs = pr["syncs_per_step"].get("cudaStreamSynchronize", 0)
+        lines += ["", f"Where a GPU training step of the ml-100k recipe (batch 64) goes, over {pr['steps']} steps "
+                  f"under the torch profiler: the GPU is busy {pr['device_busy_ms_per_step']:.1f} ms of each step, "
+                  f"which launches about {launches:.0f} kernels and waits for the device {syncs:.0f} times (boolean "
+                  "indexing of the target positions). A step of this small model is bound by PyTorch's per-operator "
+                  "host overhead, not by the GPU: recipes with bigger batches (UniSRec above, 256) use it better."]
+    return lines
+
+
+def ddp_scaling(d: dict[str, Any]) -> list[str]:
+    return ["## Data-parallel scaling on this machine (CPU, gloo)", "",
+            f"The {d['dataset']} SASRec recipe (`{d['config']}`), {d['epochs']} epochs each, no early stop, run one "
+            "after the other. Script: `benchmarks/ddp_scaling.py`; file: `results/ddp_scaling.json`. The CUDA/NCCL "
+            "run is in the CUDA section.", "",
+            *table(["run", "s / epoch (median)", "speed-up over 1 thread", "targets/s", "test R@10", "test N@10"],
+                   [[name, num(r["median_epoch_s"], 2), num(r["speedup_vs_1_thread"], 2, "×"),
+                     num(r["median_targets_per_s"]), f4(r["test"]["recall@10"]), f4(r["test"]["ndcg@10"])]
+                    for name, r in d["rows"].items()])]

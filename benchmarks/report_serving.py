@@ -1,0 +1,81 @@
+"""The serving sections of the results pages: `seqrec serve` under load and the ANN indexes
+(report.py renders them with the rest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tables import (
+    header,
+)
+
+SERVE_GOAL = {"p50_ms": 5.0, "p99_ms": 25.0, "requests_per_s": 500.0}  # issue 16, at concurrency 8
+
+
+def _serve_goal_met(r: dict[str, Any] | None) -> bool:
+    return (r is not None and r["failed"] == 0 and r["p50_ms"] < SERVE_GOAL["p50_ms"]
+            and r["p99_ms"] < SERVE_GOAL["p99_ms"] and r["requests_per_s"] >= SERVE_GOAL["requests_per_s"])
+
+
+def serve_load(d: dict[str, Any]) -> list[str]:
+    rec, live, sess = d["recommend"], d["live"], d["sessions"]
+    lines = ["## Serving: `seqrec serve` under load (loopback, this machine)", "",
+             f"{d['n_items']:,}-item catalogue; `seqrec serve` with 1 torch thread, top-10 from the index named in "
+             "each row (the sessions use the exact one); a loopback load generator "
+             "(`benchmarks/loadgen.py`) on the other core. Random weights (latency does not depend on them). "
+             "Script: `benchmarks/serve_load.py`; file: `results/serve_load.json`.", "",
+             *header(["POST /recommend: index", "concurrency", "requests", "failed", "requests/s", "p50 ms", "p90 ms",
+                      "p99 ms"])]
+    for index, rows in rec.items():
+        for c, r in rows.items():
+            lines.append(f"| {index} | {c} | {r['requests']:,} | {r['failed']} | {r['requests_per_s']:.0f} | "
+                         f"{r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} |")
+    met = [index for index, rows in rec.items() if _serve_goal_met(rows.get("8"))]
+    lines += ["", f"Goal at concurrency 8: p50 < {SERVE_GOAL['p50_ms']:g} ms, p99 < {SERVE_GOAL['p99_ms']:g} ms and "
+              f"at least {SERVE_GOAL['requests_per_s']:g} requests/s: "
+              + (f"met by {'; '.join(f'“{i}”' for i in met)}" if met else "not met by any row")
+              + (f"; not by {'; '.join(f'“{i}”' for i in rec if i not in met)}." if len(met) < len(rec) else ".")]
+    lives = [r for key, r in sorted(d.items()) if key.startswith("live")]
+    lines += ["", f"Live catalogue (UniSRec, {live['added']:,} items added by text, one POST each, while /recommend "
+              "ran at concurrency 8): failed requests, /recommend latency during the adds, POST /items latency "
+              "(the text encoder runs in it), and the time from a POST's answer until the index returns the "
+              "new item; after each POST a /recommend whose history holds the new item (failed: with the new "
+              "item in the history). The rows change the index and the engine together: the /recommend "
+              "table above separates the two.", "",
+              *header(["index, engine", "failed POSTs", "failed, new item in the history", "/recommend requests",
+                       "over s", "failed", "requests/s", "p50 ms", "p99 ms",
+                       "POST /items p50 ms", "p99 ms", "visible after, median ms", "max ms", "within 1 s"])]
+    for r in lives:
+        load = r["load_during_adds"]
+        history = r.get("new_in_history_failures")
+        lines.append(f"| {r.get('index', 'exact')}, {r.get('engine', 'torch')} | {r['add_failures']} | "
+                     f"{'–' if history is None else history} | "
+                     f"{load['requests']:,} | {load['seconds']:.0f} | {load['failed']} | "
+                     f"{load['requests_per_s']:.0f} | "
+                     f"{load['p50_ms']:.1f} | {load['p99_ms']:.1f} | "
+                     f"{r['post_ms_p50']:.1f} | {r['post_ms_p99']:.1f} | {r['visible_s_p50'] * 1e3:.1f} | "
+                     f"{r['visible_s_max'] * 1e3:.1f} | {r['visible_within_1s']:,} of {r['added']:,} |")
+    live_met = [f"{r.get('index', 'exact')}, {r.get('engine', 'torch')}" for r in lives
+                if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
+    lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
+              + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."), "",
+              *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
+                       "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
+    for length, r in sess.items():
+        lines.append(f"| {length} | {r['kv_cache']:.2f} | {r['re_encode']:.2f} | {r['speedup']:.1f}× | "
+                     f"{r['encoder_kv_cache']:.2f} | {r['encoder_re_encode']:.2f} | {r['encoder_speedup']:.1f}× |")
+    lines += ["", "An event's time includes the exact top-10 over the whole catalogue, which the cache does not "
+              "change; the model-alone columns show what the cache saves."]
+    return lines
+
+
+def retrieval(d: dict[str, Any]) -> list[str]:
+    from retrieval import table  # the script's own table: one renderer for its stdout and this page
+
+    return ["## Retrieval: exact, FAISS IVF and HNSW", "",
+            "Recall of each index against exact top-k (the model's scores, output bias included), build time, "
+            "memory, single-query latency (1 thread) and batched throughput (256 queries, 2 threads). Yelp: item "
+            "vectors and validation-user states of a SASRec run; synthetic: 1M clustered items of width 64 with "
+            "unequal norms and a bias. Script: `benchmarks/retrieval.py`; file: `results/retrieval.json`; plot "
+            "`results/retrieval.png` (recall@10 against latency as ef_search / n_probe vary).", "",
+            table(d), "", "![recall against latency](results/retrieval.png)"]
