@@ -20,7 +20,8 @@ from tables import (
 
 
 def speed(d: dict[str, Any]) -> list[str]:
-    lines = ["## Speed: seqrec vs RecBole 1.2.1 SASRec on ml-100k (same machine, one run)", "",
+    where = "same machine, RecBole's run reused" if d["runs"]["recbole"].get("reused") else "same machine, one run"
+    lines = [f"## Speed: seqrec vs RecBole 1.2.1 SASRec on ml-100k ({where})", "",
              "Script: `benchmarks/speed_vs_recbole.py`; file: `results/speed_vs_recbole.json`. "
              f"Hyper-parameters: `{json.dumps(d['hyperparameters'])}`.", "",
              *header(["library", "best valid N@10", "test R@10", "test N@10", "test R@50", "test N@50", "wall s",
