@@ -105,11 +105,11 @@ class Sessions:
             return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
 
     def _events(self, times: list[float], values: Mapping[str, list[float]]) -> list[dict[str, Any]] | None:
-        """The event features of a session's history, as `Recommender.recommend` builds them; None without any."""
-        timed = any(not math.isnan(t) for t in times)
-        if not self.rec.model.event_feature_names() or not (timed or values):
+        """The event features of a session's history, as `Recommender.recommend` builds them (a NaN time
+        makes that event's gap and hour missing); None for a model without event features."""
+        if not self.rec.model.event_feature_names():
             return None
-        return [self.rec.history_events(len(times), times if timed else None, values)]
+        return [self.rec.history_events(len(times), times, values)]
 
     @torch.no_grad()
     def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False, time_s: float | None = None,
