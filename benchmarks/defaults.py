@@ -14,14 +14,21 @@ its own (seqrec.config.with_model_train_defaults): the evidence for them, shown 
     python benchmarks/defaults.py --report-only     # re-read the runs, rewrite the file
     python benchmarks/defaults.py --out B.json ...  # a second process beside the first
     python benchmarks/defaults.py --report-only --include B.json   # then join its runs in
+    python benchmarks/defaults.py --candidate NAME --models sasrec --datasets ... --set model.n_heads=2
+
+A candidate is a change to the defaults tried before it is made: the same runs (the same time cap
+and threads as each default run) with `--set` overrides, written to results/defaults_candidate_NAME.json
+beside the default each one would replace, compared on validation NDCG@10 (how a default is chosen)
+and on test.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +121,60 @@ def best_rows(folder: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]]:
     return best
 
 
-def run_default(dataset: str, model: str, budget: float, threads: int) -> dict[str, Any]:
-    sets = ["train.progress=false", f"train.threads={threads}", f"train.time_budget_s={budget}"]
-    res = train_run(WORK / "runs" / "defaults", f"{dataset}-{model}", dataset, None, sets, model=model)
+def run_default(dataset: str, model: str, budget: float, threads: int, extra: Sequence[str] = (),
+                folder: str = "defaults") -> dict[str, Any]:
+    sets = ["train.progress=false", f"train.threads={threads}", f"train.time_budget_s={budget}", *extra]
+    res = train_run(WORK / "runs" / folder, f"{dataset}-{model}", dataset, None, sets, model=model)
     return with_run_folder(res)
+
+
+def _set_value(command: str, key: str) -> str | None:
+    """The value a run's command gave `--set key=...` (None: not set)."""
+    words = command.split()
+    found = [w.split("=", 1)[1] for a, w in itertools.pairwise(words) if a == "--set" and w.startswith(key + "=")]
+    return found[-1] if found else None
+
+
+def candidate(name: str, sets: list[str], datasets: list[str], models: list[str], args: argparse.Namespace) -> None:
+    """Run a candidate change of the defaults next to the default runs it would replace (each with that
+    run's time cap where it ran on this kind of device, else `--budget`) and write the comparison to
+    `--out` (a second process beside the first writes its own; `--report-only --include` joins them)."""
+    defaults = json.loads(OUT.read_text())["runs"] if OUT.is_file() else {}
+    out = args.out if args.out != OUT else RESULTS / f"defaults_candidate_{name}.json"
+    before = json.loads(out.read_text()) if out.is_file() else {}
+    runs: dict[str, Any] = before.get("runs", {})
+    for other in args.include:
+        runs.update(json.loads(other.read_text())["runs"])
+    for dataset in datasets if not args.report_only else ():
+        for model in models:
+            base = defaults.get(f"{dataset}/{model}", {})
+            cap = _set_value(str(base.get("command", "")), "train.time_budget_s")
+            same_device = base.get("device") == "cpu"  # a GPU's default ran under a GPU's cap
+            runs[f"{dataset}/{model}"] = r = run_default(
+                dataset, model, float(cap) if cap and same_device else args.budget, args.threads, sets,
+                folder=f"defaults-{name}")
+            print(f"{dataset} {model} {name}: " + (f"valid N@10 {r['valid']['ndcg@10']:.4f} test "
+                  f"{r['test']['ndcg@10']:.4f}" if "test" in r else r.get("error", "")[-300:]), flush=True)
+            write_result(out, candidate_report(name, sets, runs, defaults))
+    write_result(out, candidate_report(name, sets, runs, defaults))
+    print(f"-> {out}")
+
+
+def candidate_report(name: str, sets: list[str], runs: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    table = []
+    for key, r in runs.items():
+        base = defaults.get(key, {})
+        row: dict[str, Any] = {"dataset": key.split("/")[0], "model": key.split("/")[1]}
+        for label, run in (("default", base), ("candidate", r)):
+            if "test" in run:
+                row[label] = {"valid_ndcg@10": run["valid"]["ndcg@10"], "test_ndcg@10": run["test"]["ndcg@10"],
+                              "device": run.get("device"), "stopped_by_cap": run.get("stopped_by_cap")}
+        if "default" in row and "candidate" in row:
+            row["valid_ratio"] = row["candidate"]["valid_ndcg@10"] / row["default"]["valid_ndcg@10"]
+            row["test_ratio"] = row["candidate"]["test_ndcg@10"] / row["default"]["test_ndcg@10"]
+        table.append(row)
+    return {"candidate": name, "sets": sets, "rows": table, "runs": runs, "machine": machine(),
+            "command": " ".join(["python", *sys.argv])}
 
 
 def with_run_folder(res: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +239,15 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", type=Path, default=OUT, help="results file (runs side by side write one each)")
     p.add_argument("--include", type=Path, nargs="*", default=[], help="add the runs of these results files")
+    p.add_argument("--candidate", help="try a change of the defaults under this name (with --set)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a candidate's override (repeatable)")
     args = p.parse_args()
+    if args.candidate:
+        if not args.sets:
+            p.error("--candidate needs at least one --set")
+        candidate(args.candidate, args.sets, args.datasets, args.models, args)
+        return
     out = args.out
     before = json.loads(out.read_text()) if out.is_file() else {}
     runs = before.get("runs", {})

@@ -30,7 +30,7 @@ from report_cost import cuda, ddp_scaling, eval_cost, scale, text_encoding, trai
 from report_peers import item2vec_gensim, speed, zoo_vs_recbole
 from report_quality import features, losses, output_layer, positions, sasrec_quality, unisrec, zoo
 from report_serving import retrieval, serve_load
-from report_settings import auto_decisions, defaults, encoders, history_bias_section
+from report_settings import auto_decisions, defaults, defaults_candidate, encoders, history_bias_section
 from report_transfer import _transfer_rows, data_efficiency, transfer_probe, tune
 from tables import (
     DASH,
@@ -70,6 +70,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("cuda_check.json", cuda),
     ("ddp_scaling.json", ddp_scaling),
     ("defaults.json", defaults),
+    ("defaults_candidate_*.json", defaults_candidate),
     ("auto_decisions.json", auto_decisions),
     ("history_bias.json", history_bias_section),
     ("encoders_*.json", encoders),
@@ -78,8 +79,8 @@ SECTIONS: list[tuple[str, Render]] = [
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "train_throughput.json", "tune_*.json",
-                "cuda_check.json", "ddp_scaling.json", "defaults.json", "auto_decisions.json", "history_bias.json",
-                "encoders_*.json")
+                "cuda_check.json", "ddp_scaling.json", "defaults.json", "defaults_candidate_*.json",
+                "auto_decisions.json", "history_bias.json", "encoders_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 

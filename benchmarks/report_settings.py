@@ -81,6 +81,29 @@ def defaults(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def defaults_candidate(d: dict[str, Any]) -> list[str]:
+    """A change of the defaults tried before it was made: each run beside the default run it would replace."""
+    rows, compared = [], [r for r in d["rows"] if "valid_ratio" in r]
+
+    def cell(x: dict[str, Any] | None) -> str:
+        return f"{f4(x['valid_ndcg@10'])} / {f4(x['test_ndcg@10'])}" if x else DASH
+
+    for r in d["rows"]:
+        new = r.get("candidate")
+        rows.append([r["dataset"], r["model"], _device(r.get("default") or {}), _device(new or {}),
+                     cell(r.get("default")), cell(new), num(r.get("valid_ratio"), 3), num(r.get("test_ratio"), 3)])
+    better = sum(r["valid_ratio"] > 1 for r in compared)
+    sets = " ".join(f"`{s}`" for s in d["sets"])
+    return [f"## A candidate default: {d['candidate']}", "",
+            f"`seqrec train --model M` with no config and {sets}, beside the default run it would replace (the "
+            "same time cap and thread; a GPU's default against a CPU candidate under the file's own cap). "
+            f"Validation prefers the candidate in {better} of {len(compared)} pairs. Script: "
+            f"`benchmarks/defaults.py --candidate`; file: `results/defaults_candidate_{d['candidate']}.json`; "
+            f"command: `{d['command']}`.", "",
+            *table(["dataset", "model", "default on", "candidate on", "default valid / test N@10",
+                    "candidate valid / test N@10", "valid ratio", "test ratio"], rows)]
+
+
 def encoders(d: dict[str, Any]) -> list[str]:
     """The same UniSRec with each frozen text encoder: its cost, what its vectors know untrained, and the
     trained rows made with it beside the default encoder's."""

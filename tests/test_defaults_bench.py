@@ -65,3 +65,19 @@ def test_run_records_take_from_their_own_folder_only(tmp_path: Path) -> None:
     assert defaults.stopped_by_cap(mine) is False
     gone = defaults.with_run_folder({"run": str(tmp_path / "gone"), "test": {}, "stopped_by_cap": True})
     assert gone["stopped_by_cap"] is True and "train_defaults" not in gone  # what the record had is kept
+
+
+def test_candidate_keeps_each_default_runs_cap_and_compares_on_validation() -> None:
+    """A candidate default runs under the cap its default run had (the last `--set` wins) and is compared
+    with that run on validation and test NDCG@10."""
+    command = ("seqrec.cli train --dataset d --model sasrec --set train.time_budget_s=600.0 "
+               "--set train.threads=1 --set train.time_budget_s=900.0")
+    assert defaults._set_value(command, "train.time_budget_s") == "900.0"
+    assert defaults._set_value(command, "train.epochs") is None
+    base = {"valid": {"ndcg@10": 0.10}, "test": {"ndcg@10": 0.20}, "device": "cpu"}
+    new = {"valid": {"ndcg@10": 0.12}, "test": {"ndcg@10": 0.15}, "device": "cpu"}
+    rep = defaults.candidate_report("c", ["model.n_heads=2"], {"d/sasrec": new, "e/sasrec": new},
+                                    {"d/sasrec": base})
+    row, lone = rep["rows"]
+    assert abs(row["valid_ratio"] - 1.2) < 1e-9 and abs(row["test_ratio"] - 0.75) < 1e-9
+    assert "default" not in lone and "valid_ratio" not in lone and rep["sets"] == ["model.n_heads=2"]
