@@ -145,25 +145,28 @@ def candidate(name: str, sets: list[str], datasets: list[str], models: list[str]
     runs: dict[str, Any] = before.get("runs", {})
     for other in args.include:
         runs.update(json.loads(other.read_text())["runs"])
+    for key, r in runs.items():  # the default each run replaces, kept once the candidate became the default
+        if "replaces" not in r and key in defaults and defaults[key].get("command") != r.get("command"):
+            r["replaces"] = defaults[key]
     for dataset in datasets if not args.report_only else ():
         for model in models:
             base = defaults.get(f"{dataset}/{model}", {})
             cap = _set_value(str(base.get("command", "")), "train.time_budget_s")
             same_device = base.get("device") == "cpu"  # a GPU's default ran under a GPU's cap
-            runs[f"{dataset}/{model}"] = r = run_default(
-                dataset, model, float(cap) if cap and same_device else args.budget, args.threads, sets,
-                folder=f"defaults-{name}")
+            r = run_default(dataset, model, float(cap) if cap and same_device else args.budget, args.threads, sets,
+                            folder=f"defaults-{name}")
+            runs[f"{dataset}/{model}"] = {**r, "replaces": base}
             print(f"{dataset} {model} {name}: " + (f"valid N@10 {r['valid']['ndcg@10']:.4f} test "
                   f"{r['test']['ndcg@10']:.4f}" if "test" in r else r.get("error", "")[-300:]), flush=True)
-            write_result(out, candidate_report(name, sets, runs, defaults))
-    write_result(out, candidate_report(name, sets, runs, defaults))
+            write_result(out, candidate_report(name, sets, runs))
+    write_result(out, candidate_report(name, sets, runs))
     print(f"-> {out}")
 
 
-def candidate_report(name: str, sets: list[str], runs: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+def candidate_report(name: str, sets: list[str], runs: dict[str, Any]) -> dict[str, Any]:
     table = []
     for key, r in runs.items():
-        base = defaults.get(key, {})
+        base = r.get("replaces") or {}
         row: dict[str, Any] = {"dataset": key.split("/")[0], "model": key.split("/")[1]}
         for label, run in (("default", base), ("candidate", r)):
             if "test" in run:
@@ -255,7 +258,8 @@ def main() -> None:
         runs.get(f"{row['dataset']}/{row['model']}", {}).setdefault("stopped_by_cap", row.get("stopped_by_cap"))
     for other in args.include:  # each run keeps the machine it ran on (another machine's file: a GPU, say)
         joined = json.loads(other.read_text())
-        runs.update({k: {"machine": joined.get("machine"), **r} for k, r in joined["runs"].items()})
+        runs.update({k: {"machine": joined.get("machine"), **{a: b for a, b in r.items() if a != "replaces"}}
+                     for k, r in joined["runs"].items()})  # a candidate's runs, less the defaults they replace
     runs = {k: r if "train_defaults" in r or not _folder_holds(r) else with_run_folder(r) for k, r in runs.items()}
     if not args.report_only:
         for dataset in args.datasets:

@@ -76,8 +76,8 @@ def test_candidate_keeps_each_default_runs_cap_and_compares_on_validation() -> N
     assert defaults._set_value(command, "train.epochs") is None
     base = {"valid": {"ndcg@10": 0.10}, "test": {"ndcg@10": 0.20}, "device": "cpu"}
     new = {"valid": {"ndcg@10": 0.12}, "test": {"ndcg@10": 0.15}, "device": "cpu"}
-    rep = defaults.candidate_report("c", ["model.n_heads=2"], {"d/sasrec": new, "e/sasrec": new},
-                                    {"d/sasrec": base})
+    rep = defaults.candidate_report("c", ["model.n_heads=2"], {"d/sasrec": {**new, "replaces": base},
+                                                               "e/sasrec": new})
     row, lone = rep["rows"]
     assert abs(row["valid_ratio"] - 1.2) < 1e-9 and abs(row["test_ratio"] - 0.75) < 1e-9
     assert "default" not in lone and "valid_ratio" not in lone and rep["sets"] == ["model.n_heads=2"]
