@@ -40,7 +40,8 @@ METRICS = ("recall@10", "recall@50", "ndcg@10", "ndcg@50")
 COMMON = [*PLAIN_TRAIN, "data.max_len=50", "train.epochs=200", "train.patience=5", "train.threads=1",
           "train.progress=false", "train.lr=0.001", "train.batch_size=128", "eval.ks=[10, 50]", "model.d=64"]
 MODELS = {
-    "sasrec": ['model.name="sasrec"', "model.n_layers=1", "model.n_heads=1", "model.d_ff=256", "model.dropout=0.2",
+    "sasrec": ['model.name="sasrec"', "model.n_layers=1", "model.n_heads=1", "model.norm_first=true", "model.d_ff=256",
+               "model.dropout=0.2",
                "model.attn_dropout=0.2", 'model.loss="ce"'],
     "gru4rec": ['model.name="gru4rec"', "model.dropout=0.2", 'model.loss="ce"'],
 }

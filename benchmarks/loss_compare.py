@@ -26,8 +26,8 @@ from seqrec.config import resolve
 from seqrec.train.loop import fit
 
 BASE = [*PLAIN_TRAIN, 'model.name="sasrec"', "data.max_len=50", "model.d=64", "model.n_layers=1", "model.n_heads=1",
-        "model.d_ff=64", "model.dropout=0.2", "model.attn_dropout=0.2", "train.lr=0.001", "train.batch_size=128",
-        "train.epochs=200", "train.patience=10", "train.bf16=true", "eval.ks=[10, 50]"]
+        "model.norm_first=true", "model.d_ff=64", "model.dropout=0.2", "model.attn_dropout=0.2", "train.lr=0.001",
+        "train.batch_size=128", "train.epochs=200", "train.patience=10", "train.bf16=true", "eval.ks=[10, 50]"]
 LOSSES = {
     "ce": ['model.loss="ce"'],
     "sampled_softmax": ['model.loss="sampled_softmax"', "model.n_negatives=256", 'model.negatives="uniform"'],

@@ -99,7 +99,8 @@ def sources(name: str) -> Iterator[Any]:
         yield from [] if data is None else [data]
     elif "*" in name:
         for path in sorted(RESULTS.glob(name)):
-            yield json.loads(path.read_text())
+            data = json.loads(path.read_text())
+            yield {**data, "_file": path.name} if isinstance(data, dict) else data  # which file, for its section
     elif (data := load(name)) is not None:
         yield data
 

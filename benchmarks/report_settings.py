@@ -58,7 +58,7 @@ def defaults(d: dict[str, Any]) -> list[str]:
              f"{d['goal']}. Script: `benchmarks/defaults.py`; file: `results/defaults.json`. A row with training "
              "defaults was run with each model's own (`TRAIN_DEFAULTS`: SASRec AdamW with decay 0.1 and a weight "
              "average, every sequence model a refit on train + valid); the previous default is the same command "
-             "before them (`results/defaults_previous.json`), validation / test.", "",
+             "before them (`results/defaults_previous.json`), validation / test." + _candidate_rows(d), "",
              *header(["dataset", "model", "device", "training defaults", "default valid / test N@10",
                       "previous default", "epochs", "time cap s", "stopped by the cap", "auto decisions",
                       "best row test N@10", "best row", "ratio", "goal met"])]
@@ -81,6 +81,17 @@ def defaults(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _candidate_rows(d: dict[str, Any]) -> str:
+    """Rows run as a candidate with model settings that have since become the defaults."""
+    sets = {(r["model"], tuple(re.findall(r"--set (model\.\S+)", r["default"].get("command", ""))))
+            for r in d["rows"]}
+    said = [f"the {model} rows were run as a candidate with " + " ".join(f"`{s}`" for s in found)
+            for model, found in sorted(sets) if found]
+    text = "; ".join(said)
+    return (" " + text[:1].upper() + text[1:] + ", settings that are its defaults since (the runs they replaced are in "
+            "the candidate table below).") if said else ""
+
+
 def defaults_candidate(d: dict[str, Any]) -> list[str]:
     """A change of the defaults tried before it was made: each run beside the default run it would replace."""
     rows, compared = [], [r for r in d["rows"] if "valid_ratio" in r]
@@ -96,7 +107,8 @@ def defaults_candidate(d: dict[str, Any]) -> list[str]:
     sets = " ".join(f"`{s}`" for s in d["sets"])
     return [f"## A candidate default: {d['candidate']}", "",
             f"`seqrec train --model M` with no config and {sets}, beside the default run it would replace (the "
-            "same time cap and thread; a GPU's default against a CPU candidate under the file's own cap). "
+            "same time cap and thread where the default ran on this CPU; where it ran on a lent GPU, the candidate ran "
+            "here under the command's `--budget`). "
             f"Validation prefers the candidate in {better} of {len(compared)} pairs. Script: "
             f"`benchmarks/defaults.py --candidate`; file: `results/defaults_candidate_{d['candidate']}.json`; "
             f"command: `{d['command']}`.", "",

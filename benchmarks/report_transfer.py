@@ -104,7 +104,7 @@ def tune(d: dict[str, Any]) -> list[str]:
     intro = (f"A validation-only search (TPE, median pruning) from the recipe's config on {d['dataset']}, then the "
              "best settings trained again (the recipe's refit) and tested once; the hand-made rows are the runs "
              "validation picked among the SASRec configurations tried. Script: `benchmarks/tune_vs_recipe.py`; "
-             f"file: `results/tune_{d['dataset']}.json`; command: `{d['command']}`.")
+             f"file: `results/{d.get('_file', 'tune_' + d['dataset'] + '.json')}`; command: `{d['command']}`.")
     if "threads_per_trial" in d:
         intro += f" Each trial ran on {d['threads_per_trial']} thread(s)."
     intro += (f" No trial trained longer than the budget / {d['min_trials']}." if "min_trials" in d else
@@ -115,7 +115,8 @@ def tune(d: dict[str, Any]) -> list[str]:
         if d.get(key):
             want = d[key]["test"]["ndcg@10"]
             verdicts.append(f"{label}: {got / want:.2f} × ({'met' if got >= want else 'not met'})")
-    return [f"## `seqrec tune` against the recipe on {d['dataset']}", "", intro, "",
+    earlier = "" if "min_trials" in d else " (a study before the per-trial cap)"
+    return [f"## `seqrec tune` against the recipe on {d['dataset']}{earlier}", "", intro, "",
             *table(["run", "settings", "valid N@10", "test R@10", "test N@10"], rows), "",
             "Goal: the same or better test NDCG@10 than the hand-made recipe; " + "; ".join(verdicts) + "."]
 

@@ -71,7 +71,7 @@ def measure_prepare(log_path: Path, out: Path) -> dict[str, Any]:
 
 def measure_epoch(data: PreparedDataset, steps: int) -> dict[str, Any]:
     cfg = resolve({"model": {"name": "sasrec", "d": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256,
-                             "loss": "sampled_softmax", "n_negatives": 1024},
+                             "norm_first": True, "loss": "sampled_softmax", "n_negatives": 1024},
                    "train": {"batch_size": 256, "optimizer": "adam"}})
     model = build_model(cfg.model, data.n_items, 50)
     model.fit_data(data)

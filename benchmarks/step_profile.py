@@ -40,7 +40,7 @@ PHASES = ("forward", "backward", "clip", "optimizer")
 
 def profile(data: PreparedDataset, steps: int, sparse: bool, warmup: int = 3) -> dict[str, Any]:
     cfg = resolve({"model": {"name": "sasrec", "d": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256,
-                             "loss": "sampled_softmax", "n_negatives": 1024},
+                             "norm_first": True, "loss": "sampled_softmax", "n_negatives": 1024},
                    "train": {"batch_size": 256, "optimizer": "adam", "sparse_items": sparse}})
     torch.manual_seed(0)
     model = build_model(cfg.model, data.n_items, 50)

@@ -44,11 +44,13 @@ class SASRecConfig:
     name: str = "sasrec"
     d: int = 64
     n_layers: int = 2
-    n_heads: int = 1
+    # 2 heads and post-LN blocks (RecBole's SASRec; the paper's are pre-LN, 1 head): validated better than
+    # 1 head pre-LN on ml-100k, level elsewhere (benchmarks/defaults.py --candidate; defaults_candidate_*)
+    n_heads: int = 2
     d_ff: int = 256
     dropout: float = 0.2
     attn_dropout: float = 0.2
-    norm_first: bool = True  # pre-LN; False = the original post-LN
+    norm_first: bool = False  # True: pre-LN (x + f(LN(x))); False: post-LN (LN(x + f(x))), the Transformer's
     positions: Literal["learned", "sinusoidal"] = "learned"
     # "end": the newest item is always the last position; "start": positions count from the first item,
     # so earlier positions never move and sessions can keep a KV cache (seqrec.nn.transformer)
