@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -80,6 +81,12 @@ def write_result(path: Path, obj: Any) -> None:
 
 def seqrec_cmd(*args: str, launcher: list[str] | None = None) -> list[str]:
     return [*(launcher or [sys.executable]), "-m", "seqrec.cli", *args]
+
+
+def command_sets(command: str) -> dict[str, str]:
+    """The `--set key=value` overrides of a recorded command line (the last one of a key wins)."""
+    words = command.split()
+    return dict(w.split("=", 1) for a, w in itertools.pairwise(words) if a == "--set" and "=" in w)
 
 
 def train_run(out: Path, name: str, dataset: str, config: str | None, sets: list[str],

@@ -25,14 +25,13 @@ and on test.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, WORK, machine, train_run, write_result
+from common import RESULTS, WORK, command_sets, machine, train_run, write_result
 
 DATASETS = ("ml-100k", "amazon-scientific-unisrec", "amazon-beauty-p5")
 MODELS = ("sasrec", "gru4rec", "bert4rec", "unisrec")
@@ -128,17 +127,11 @@ def run_default(dataset: str, model: str, budget: float, threads: int, extra: Se
     return with_run_folder(res)
 
 
-def _set_value(command: str, key: str) -> str | None:
-    """The value a run's command gave `--set key=...` (None: not set)."""
-    words = command.split()
-    found = [w.split("=", 1)[1] for a, w in itertools.pairwise(words) if a == "--set" and w.startswith(key + "=")]
-    return found[-1] if found else None
-
-
-def candidate(name: str, sets: list[str], datasets: list[str], models: list[str], args: argparse.Namespace) -> None:
+def candidate(args: argparse.Namespace) -> None:
     """Run a candidate change of the defaults next to the default runs it would replace (each with that
     run's time cap where it ran on this kind of device, else `--budget`) and write the comparison to
     `--out` (a second process beside the first writes its own; `--report-only --include` joins them)."""
+    name, sets = args.candidate, args.sets
     defaults = json.loads(OUT.read_text())["runs"] if OUT.is_file() else {}
     out = args.out if args.out != OUT else RESULTS / f"defaults_candidate_{name}.json"
     before = json.loads(out.read_text()) if out.is_file() else {}
@@ -148,10 +141,10 @@ def candidate(name: str, sets: list[str], datasets: list[str], models: list[str]
     for key, r in runs.items():  # the default each run replaces, kept once the candidate became the default
         if "replaces" not in r and key in defaults and defaults[key].get("command") != r.get("command"):
             r["replaces"] = defaults[key]
-    for dataset in datasets if not args.report_only else ():
-        for model in models:
+    for dataset in args.datasets if not args.report_only else ():
+        for model in args.models:
             base = defaults.get(f"{dataset}/{model}", {})
-            cap = _set_value(str(base.get("command", "")), "train.time_budget_s")
+            cap = command_sets(str(base.get("command", ""))).get("train.time_budget_s")
             same_device = base.get("device") == "cpu"  # a GPU's default ran under a GPU's cap
             r = run_default(dataset, model, float(cap) if cap and same_device else args.budget, args.threads, sets,
                             folder=f"defaults-{name}")
@@ -249,7 +242,7 @@ def main() -> None:
     if args.candidate:
         if not args.sets:
             p.error("--candidate needs at least one --set")
-        candidate(args.candidate, args.sets, args.datasets, args.models, args)
+        candidate(args)
         return
     out = args.out
     before = json.loads(out.read_text()) if out.is_file() else {}

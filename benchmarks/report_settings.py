@@ -3,10 +3,10 @@ choice (report.py renders them with the rest)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+from common import command_sets
 from report_transfer import _share
 from tables import (
     DASH,
@@ -83,7 +83,8 @@ def defaults(d: dict[str, Any]) -> list[str]:
 
 def _candidate_rows(d: dict[str, Any]) -> str:
     """Rows run as a candidate with model settings that have since become the defaults."""
-    sets = {(r["model"], tuple(re.findall(r"--set (model\.\S+)", r["default"].get("command", ""))))
+    sets = {(r["model"], tuple(f"{k}={v}" for k, v in command_sets(r["default"].get("command", "")).items()
+                               if k.startswith("model.")))
             for r in d["rows"]}
     said = [f"the {model} rows were run as a candidate with " + " ".join(f"`{s}`" for s in found)
             for model, found in sorted(sets) if found]
@@ -180,8 +181,8 @@ def _device(run: dict[str, Any]) -> str:
 
 def _time_cap(command: str) -> str:
     """The training time cap a defaults run was given (its command line), in seconds."""
-    found = re.search(r"train\.time_budget_s=([0-9.]+)", command)
-    return f"{float(found.group(1)):.0f}" if found else DASH
+    cap = command_sets(command).get("train.time_budget_s")
+    return f"{float(cap):.0f}" if cap else DASH
 
 
 def _train_defaults(t: dict[str, Any] | None) -> str:

@@ -72,8 +72,8 @@ def test_candidate_keeps_each_default_runs_cap_and_compares_on_validation() -> N
     with that run on validation and test NDCG@10."""
     command = ("seqrec.cli train --dataset d --model sasrec --set train.time_budget_s=600.0 "
                "--set train.threads=1 --set train.time_budget_s=900.0")
-    assert defaults._set_value(command, "train.time_budget_s") == "900.0"
-    assert defaults._set_value(command, "train.epochs") is None
+    assert defaults.command_sets(command).get("train.time_budget_s") == "900.0"
+    assert defaults.command_sets(command).get("train.epochs") is None
     base = {"valid": {"ndcg@10": 0.10}, "test": {"ndcg@10": 0.20}, "device": "cpu"}
     new = {"valid": {"ndcg@10": 0.12}, "test": {"ndcg@10": 0.15}, "device": "cpu"}
     rep = defaults.candidate_report("c", ["model.n_heads=2"], {"d/sasrec": {**new, "replaces": base},
