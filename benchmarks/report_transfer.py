@@ -101,13 +101,19 @@ def tune(d: dict[str, Any]) -> list[str]:
         if r:
             rows.append([label, f"`{r['run']}`", f4(r["valid"]["ndcg@10"]), f4(r["test"]["recall@10"]),
                          f4(r["test"]["ndcg@10"])])
-    intro = (f"A validation-only search (TPE, median pruning) from the recipe's config on {d['dataset']}, then the "
-             "best settings trained again (the recipe's refit) and tested once; the hand-made rows are the runs "
+    start = ("SASRec's defaults (no config, as `seqrec tune --model sasrec`; its first trial is the defaults "
+             "themselves)" if d.get("base") == "defaults" else "the recipe's config")
+    intro = (f"A validation-only search (TPE, median pruning) from {start} on {d['dataset']}, then the "
+             "best settings trained again (with refit) and tested once; the hand-made rows are the runs "
              "validation picked among the SASRec configurations tried. Script: `benchmarks/tune_vs_recipe.py`; "
              f"file: `results/{d.get('_file', 'tune_' + d['dataset'] + '.json')}`; command: `{d['command']}`.")
     if "threads_per_trial" in d:
-        intro += f" Each trial ran on {d['threads_per_trial']} thread(s)."
-    intro += (f" No trial trained longer than the budget / {d['min_trials']}." if "min_trials" in d else
+        intro += f" Each trial ran on {d['threads_per_trial']} thread(s)" + (
+            f", {d['jobs']} at a time." if "jobs" in d else ".")
+    first = d.get("base_trial")
+    if first and first.get("valid_ndcg@10") is not None and d.get("base") == "defaults":
+        intro += (f" Trial 0 (the defaults, capped like every trial) validated at {f4(first['valid_ndcg@10'])}.")
+    intro += (f" No trial trained longer than the budget × {d.get('jobs', 1)} / {d['min_trials']}." if "min_trials" in d else
               " This study predates the cap of each trial at its share of the budget (`--min-trials`).")
     got = t["best_run"]["test"]["ndcg@10"]
     verdicts = []
@@ -116,7 +122,8 @@ def tune(d: dict[str, Any]) -> list[str]:
             want = d[key]["test"]["ndcg@10"]
             verdicts.append(f"{label}: {got / want:.2f} × ({'met' if got >= want else 'not met'})")
     earlier = "" if "min_trials" in d else " (a study before the per-trial cap)"
-    return [f"## `seqrec tune` against the recipe on {d['dataset']}{earlier}", "", intro, "",
+    title = "from SASRec's defaults against the recipe" if d.get("base") == "defaults" else "against the recipe"
+    return [f"## `seqrec tune` {title} on {d['dataset']}{earlier}", "", intro, "",
             *table(["run", "settings", "valid N@10", "test R@10", "test N@10"], rows), "",
             "Goal: the same or better test NDCG@10 than the hand-made recipe; " + "; ".join(verdicts) + "."]
 

@@ -1,12 +1,14 @@
 """`seqrec tune` against the hand-made recipe: a time-boxed validation-only search on a dataset,
 then the best settings trained and tested once, next to the recipe's own run.
 
-    python benchmarks/tune_vs_recipe.py --dataset amazon-scientific-unisrec --budget 1200
+    python benchmarks/tune_vs_recipe.py --dataset amazon-scientific-unisrec --budget 1800
 
-The study starts from the recipe (benchmarks/configs/sasrec-<dataset>.toml, its refit kept for the
-final run) and searches the SASRec space of `seqrec.train.tune`. The recipe's row is the hand-made
-run of results/sasrec_quality*.json that validation picked (without the history bias, which the
-search may turn on). Writes results/tune_<dataset>.json.
+The study starts from SASRec's defaults, as `seqrec tune --model sasrec` does for a user without a
+recipe (`--base recipe`: from benchmarks/configs/sasrec-<dataset>.toml, its refit kept for the final
+run), and searches the SASRec space of `seqrec.train.tune`; its first trial is the base itself. The
+recipe rows are the hand-made runs of results/sasrec_quality*.json that validation picked, without
+and with the history bias. Writes results/tune_<dataset>_from-defaults.json (from the recipe:
+results/tune_<dataset>.json).
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ def recipe_row(dataset: str, history_bias: bool) -> dict:
     return {"run": key, "valid": mine[key]["valid"], "test": mine[key]["test"]}
 
 
-def previous_wall(dataset: str) -> float | None:
+def previous_wall(path: Path) -> float | None:
     """The study's wall time from the results file, when only the report is written again."""
-    path = RESULTS / f"tune_{dataset}.json"
     return json.loads(path.read_text()).get("wall_s") if path.is_file() else None
 
 
@@ -46,29 +47,41 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="amazon-scientific-unisrec")
     p.add_argument("--budget", type=float, default=1800)
+    p.add_argument("--base", choices=("defaults", "recipe"), default="defaults",
+                   help="what the study starts from: SASRec's defaults, or the dataset's recipe config")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each trial")
+    p.add_argument("--jobs", type=int, default=1, help="trials at a time")
+    p.add_argument("--min-trials", type=int, default=MIN_TRIALS,
+                   help="no trial trains longer than budget x jobs / this (seqrec tune --min-trials)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="more base-config overrides (e.g. train.time_budget_s=900 for the final run)")
     p.add_argument("--report-only", action="store_true", help="write the results file from a finished study")
     args = p.parse_args()
     data = prepared(args.dataset)
-    out = WORK / "runs" / f"tune-{args.dataset}"
+    suffix = "" if args.base == "recipe" else "_from-defaults"
+    out = WORK / "runs" / f"tune-{args.dataset}{suffix}"
+    result = RESULTS / f"tune_{args.dataset}{suffix}.json"
     config = ROOT / "benchmarks" / "configs" / f"sasrec-{args.dataset}.toml"
-    argv = [str(ROOT / ".venv" / "bin" / "seqrec"), "tune", "--dataset", str(data.path), "--config", str(config),
-            "--budget", str(args.budget), "--set", f"train.threads={args.threads}", "--out", str(out)]
+    start = ["--config", str(config)] if args.base == "recipe" else ["--model", "sasrec"]
+    argv = [str(ROOT / ".venv" / "bin" / "seqrec"), "tune", "--dataset", str(data.path), *start,
+            "--budget", str(args.budget), "--jobs", str(args.jobs), "--min-trials", str(args.min_trials),
+            "--set", f"train.threads={args.threads}", "--out", str(out)]
     for override in args.set:
         argv += ["--set", override]
     t0 = time.perf_counter()
     if not args.report_only:
         subprocess.run(argv, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     report = json.loads((out / "trials.json").read_text())
-    write_result(RESULTS / f"tune_{args.dataset}.json", {
-        "dataset": args.dataset, "machine": machine(), "budget_s": args.budget,
-        "wall_s": previous_wall(args.dataset) if args.report_only else time.perf_counter() - t0,
-        "threads_per_trial": args.threads,
-        "min_trials": MIN_TRIALS,  # each trial capped at budget / MIN_TRIALS (seqrec tune's default)
-        "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --budget {args.budget:g} "
-                   f"--threads {args.threads}" + "".join(f" --set {o}" for o in args.set),
+    write_result(result, {
+        "dataset": args.dataset, "machine": machine(), "budget_s": args.budget, "base": args.base,
+        "wall_s": previous_wall(result) if args.report_only else time.perf_counter() - t0,
+        "threads_per_trial": args.threads, "jobs": args.jobs,
+        "min_trials": args.min_trials,  # each trial capped at budget x jobs / min_trials
+        "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --base {args.base} "
+                   f"--budget {args.budget:g} --threads {args.threads} --jobs {args.jobs} "
+                   f"--min-trials {args.min_trials}" + "".join(f" --set {o}" for o in args.set),
+        "base_point": report.get("base_point"),  # trial 0 trained the base's own settings
+        "base_trial": next((t for t in report["trials"] if t["number"] == 0), None),
         "tune": {k: report[k] for k in ("n_trials", "best_trial", "best_run")},
         "states": {s: sum(t["state"] == s for t in report["trials"]) for s in {t["state"] for t in report["trials"]}},
         "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_row(args.dataset, True)})

@@ -103,3 +103,20 @@ def test_each_trial_is_capped_at_its_share_of_the_budget(tiny_dataset: PreparedD
     assert results["epochs_run"] < 1000
     with pytest.raises(SeqrecError, match="min-trials"):
         tune(BASE, tiny_dataset, tmp_path / "other", budget_s=10, trials=1, min_trials=0)
+
+
+def test_the_first_trial_is_the_base_itself(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """Trial 0 trains the base's own settings ("auto" decided from the data); a value the space cannot hold
+    (d=48) is left to the sampler, and a resumed study does not queue the base again."""
+    base = {**BASE, "model": {**BASE["model"], "d": 48, "n_layers": 1, "dropout": 0.25},
+            "train": {**BASE["train"], "lr": 0.002}}
+    study = tmp_path / "study"
+    report = tune(base, tiny_dataset, study, budget_s=120, trials=2, final=False)
+    first = report["trials"][0]["params"]
+    assert first["model.n_layers"] == 1 and first["model.dropout"] == 0.25 and first["train.lr"] == 0.002
+    assert first["train.weight_decay"] == 0.1  # SASRec's default decay, which the base resolves to
+    assert first["model.history_bias"] is True  # "auto" on the tiny data: no repeats, the full softmax
+    assert first["model.d"] in (32, 64, 128) and report["base_point"] == {k: v for k, v in first.items()
+                                                                          if k != "model.d"}
+    again = tune(base, tiny_dataset, study, budget_s=120, trials=1, final=False)
+    assert again["n_trials"] == 3 and again["trials"][2]["params"] != first

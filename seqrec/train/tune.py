@@ -12,8 +12,9 @@ Trials are pruned by Optuna's median rule on validation NDCG@10 after `warmup` e
 study stops at `budget_s` seconds (a trial still running then stops at its next epoch's end, and
 keeps its best epoch so far) or `trials` trials. No trial trains longer than its share of the
 budget (`min_trials`): on a large dataset one trial of a patient recipe would otherwise take it
-all. Each trial is a TPE sample from the model's space (`SPACES`), on top of the base config (a
-shipped recipe or the defaults).
+all. The first trial of a study is the base config itself (a shipped recipe or the model's defaults;
+its "auto" settings decided from the data), so the best trial is never below the base on validation
+under the same cap; each later trial is a TPE sample from the model's space (`SPACES`) on top of it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import copy
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from seqrec.config import resolve
 from seqrec.data.dataset import PreparedDataset
@@ -32,18 +34,45 @@ from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 
-Space = dict[str, Callable[[Any], Any]]  # "section.key" -> draw(trial)
 MIN_TRIALS = 6  # the budget is shared so that at least this many trials run (each capped at its share)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched setting: a categorical choice, or an int / float range (log-uniform when `log`)."""
+
+    kind: Literal["categorical", "int", "float"]
+    choices: tuple[Any, ...] = ()
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+
+    def draw(self, trial: Any, name: str) -> Any:
+        if self.kind == "categorical":
+            return trial.suggest_categorical(name, list(self.choices))
+        if self.kind == "int":
+            return trial.suggest_int(name, int(self.low), int(self.high))
+        return trial.suggest_float(name, self.low, self.high, log=self.log)
+
+    def holds(self, value: Any) -> bool:
+        if self.kind == "categorical":
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return self.low <= value <= self.high and (self.kind == "float" or value == int(value))
+
+
+Space = dict[str, Param]  # "section.key" -> what a trial draws
 
 
 def _transformer_space() -> Space:
     return {
-        "model.d": lambda t: t.suggest_categorical("model.d", [32, 64, 128]),
-        "model.n_layers": lambda t: t.suggest_int("model.n_layers", 1, 3),
-        "model.dropout": lambda t: t.suggest_float("model.dropout", 0.1, 0.6),
-        "train.lr": lambda t: t.suggest_float("train.lr", 1e-4, 3e-3, log=True),
-        "train.weight_decay": lambda t: t.suggest_float("train.weight_decay", 1e-6, 0.3, log=True),
-        "model.history_bias": lambda t: t.suggest_categorical("model.history_bias", [False, True]),
+        "model.d": Param("categorical", (32, 64, 128)),
+        "model.n_layers": Param("int", low=1, high=3),
+        "model.dropout": Param("float", low=0.1, high=0.6),
+        "train.lr": Param("float", low=1e-4, high=3e-3, log=True),
+        "train.weight_decay": Param("float", low=1e-6, high=0.3, log=True),
+        "model.history_bias": Param("categorical", (False, True)),
     }
 
 
@@ -52,10 +81,10 @@ SPACES: dict[str, Callable[[], Space]] = {
     "bert4rec": lambda: {k: v for k, v in _transformer_space().items() if k != "model.history_bias"},
     "unisrec": lambda: {k: v for k, v in _transformer_space().items() if k != "model.d"},
     "gru4rec": lambda: {
-        "model.d": lambda t: t.suggest_categorical("model.d", [32, 64, 128]),
-        "model.dropout": lambda t: t.suggest_float("model.dropout", 0.0, 0.5),
-        "train.lr": lambda t: t.suggest_float("train.lr", 1e-4, 3e-3, log=True),
-        "model.history_bias": lambda t: t.suggest_categorical("model.history_bias", [False, True]),
+        "model.d": Param("categorical", (32, 64, 128)),
+        "model.dropout": Param("float", low=0.0, high=0.5),
+        "train.lr": Param("float", low=1e-4, high=3e-3, log=True),
+        "model.history_bias": Param("categorical", (False, True)),
     },
 }
 
@@ -85,6 +114,17 @@ def _fits(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     if d is not None and heads and d % heads:
         values["model.n_heads"] = 1
     return values
+
+
+def base_point(space: Space, base_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
+    """The base config's own value of each searched setting that the space can hold ("auto" ones decided
+    from `data` as training would decide them); a setting outside its range is left to the sampler."""
+    from seqrec.train.auto import resolve_auto
+
+    decided = copy.deepcopy(base_cfg)
+    resolve_auto(decided.model, data)
+    point = {k: _get(decided, k) for k in space}
+    return {k: v for k, v in point.items() if space[k].holds(v)}
 
 
 def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: float, trials: int | None,
@@ -118,11 +158,15 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
     study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials))  # a resumed study draws anew
     started = time.time()
     study.set_user_attr("base", base)
+    if not study.trials:  # the first trial is the base itself: the search never ends below it on validation
+        point = base_point(space, base_cfg, data)
+        study.set_user_attr("base_point", point)
+        study.enqueue_trial(point)
 
     deadline = started + budget_s
 
     def objective(trial: Any) -> float:
-        values = _fits({k: draw(trial) for k, draw in space.items()}, base)
+        values = _fits({k: param.draw(trial, k) for k, param in space.items()}, base)
         # a trial ends with the study's budget too (Optuna's timeout only stops new trials from starting),
         # and at its share of it
         cap = max(1.0, min(deadline - time.time(), budget_s * jobs / min_trials))
@@ -177,6 +221,7 @@ def _report(study: Any, run_dir: Path) -> dict[str, Any]:
                      "seconds": seconds, "started": t.datetime_start.timestamp() if t.datetime_start else None})
     best = study.best_trial if any(r["state"] == "complete" for r in rows) else None
     report = {"study": str(run_dir / "study.db"), "n_trials": len(rows),
+              "base_point": study.user_attrs.get("base_point"),
               "best_trial": None if best is None else {"number": best.number, "params": best.params,
                                                        "valid_ndcg@10": best.value},
               "trials": rows}
