@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from common import RESULTS
@@ -113,7 +114,8 @@ def tune(d: dict[str, Any]) -> list[str]:
     first = d.get("base_trial")
     if first and first.get("valid_ndcg@10") is not None and d.get("base") == "defaults":
         intro += (f" Trial 0 (the defaults, capped like every trial) validated at {f4(first['valid_ndcg@10'])}.")
-    intro += (f" No trial trained longer than the budget × {d.get('jobs', 1)} / {d['min_trials']}." if "min_trials" in d else
+    intro += (f" No trial trained longer than the budget × {d.get('jobs', 1)} / {d['min_trials']}."
+              if "min_trials" in d else
               " This study predates the cap of each trial at its share of the budget (`--min-trials`).")
     got = t["best_run"]["test"]["ndcg@10"]
     verdicts = []
@@ -121,11 +123,32 @@ def tune(d: dict[str, Any]) -> list[str]:
         if d.get(key):
             want = d[key]["test"]["ndcg@10"]
             verdicts.append(f"{label}: {got / want:.2f} × ({'met' if got >= want else 'not met'})")
+    if d.get("seeds"):
+        verdicts.append(seed_verdict(d))
     earlier = "" if "min_trials" in d else " (a study before the per-trial cap)"
     title = "from SASRec's defaults against the recipe" if d.get("base") == "defaults" else "against the recipe"
     return [f"## `seqrec tune` {title} on {d['dataset']}{earlier}", "", intro, "",
             *table(["run", "settings", "valid N@10", "test R@10", "test N@10"], rows), "",
             "Goal: the same or better test NDCG@10 than the hand-made recipe; " + "; ".join(verdicts) + "."]
+
+
+def seed_verdict(d: dict[str, Any]) -> str:
+    """The tuned settings against the recipe + history bias over every seed they were trained with."""
+    tests: dict[str, list[float]] = {}
+    for key, first in (("tuned", d["tune"]["best_run"]), ("recipe_history_bias", d["recipe_history_bias"])):
+        seed = str(resolve_seed(first))
+        runs = {seed: first["test"]["ndcg@10"], **{s: r["test_ndcg@10"] for s, r in d["seeds"][key].items()}}
+        tests[key] = [runs[s] for s in sorted(runs)]
+    seeds = sorted({str(resolve_seed(d["tune"]["best_run"])), *d["seeds"]["tuned"]})
+    got, want = (statistics.median(tests[k]) for k in ("tuned", "recipe_history_bias"))
+    spread = ", ".join(f"{k.replace('_', ' ')} {min(v):.4f}-{max(v):.4f}" for k, v in tests.items())
+    return (f"over seeds {', '.join(seeds)} (`{d['seeds']['command']}`), median test N@10 {got:.4f} against "
+            f"{want:.4f}: {got / want:.2f} × ({'met' if got >= want else 'not met'}; range {spread})")
+
+
+def resolve_seed(run: dict[str, Any]) -> int:
+    """The training seed of a results row with a config (42, the default, when it names none)."""
+    return int(run.get("config", {}).get("train", {}).get("seed", 42))
 
 
 def transfer_probe(d: dict[str, Any]) -> list[str]:

@@ -7,19 +7,23 @@ The study starts from SASRec's defaults, as `seqrec tune --model sasrec` does fo
 recipe (`--base recipe`: from benchmarks/configs/sasrec-<dataset>.toml, its refit kept for the final
 run), and searches the SASRec space of `seqrec.train.tune`; its first trial is the base itself. The
 recipe rows are the hand-made runs of results/sasrec_quality*.json that validation picked, without
-and with the history bias. Writes results/tune_<dataset>_from-defaults.json (from the recipe:
-results/tune_<dataset>.json).
+and with the history bias; `--seeds 43 44` trains the tuned settings and the recipe + history bias
+again at more seeds (with --report-only, after the study). Writes
+results/tune_<dataset>_from-defaults.json (from the recipe: results/tune_<dataset>.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, WORK, machine, prepared, write_result
@@ -35,7 +39,31 @@ def recipe_row(dataset: str, history_bias: bool) -> dict:
     mine = {k: r for k, r in runs.items() if isinstance(r, dict) and r.get("dataset") == dataset
             and bool(r.get("config", {}).get("model", {}).get("history_bias")) == history_bias}
     key = max(mine, key=lambda k: mine[k]["valid"]["ndcg@10"])
-    return {"run": key, "valid": mine[key]["valid"], "test": mine[key]["test"]}
+    return {"run": key, "valid": mine[key]["valid"], "test": mine[key]["test"], "config": mine[key]["config"]}
+
+
+def _seed_run(job: tuple[str, str, dict[str, Any], bool, int]) -> tuple[str, int, dict[str, Any]]:
+    """One run of `seed_runs`, in its own process (a seed means the same draws whatever runs beside it)."""
+    from seqrec.config import resolve
+    from seqrec.train.loop import fit
+
+    dataset, who, raw, saved, seed = job
+    data = prepared(dataset)
+    cfg = resolve(raw, [f'data.dataset="{data.path}"', f"train.seed={seed}", "train.threads=1",
+                        "train.progress=false"], model_defaults=not saved)
+    results = fit(cfg, data, WORK / "runs" / f"tune-seeds-{dataset}" / f"{who}-s{seed}")
+    return who, seed, {"valid_ndcg@10": results["valid"]["ndcg@10"], "test_ndcg@10": results["test"]["ndcg@10"]}
+
+
+def seed_runs(dataset: str, tuned: dict[str, Any], recipe: dict[str, Any], seeds: list[int], jobs: int
+              ) -> dict[str, Any]:
+    """The tuned settings and the recipe (with the history bias; a saved, complete config) trained again
+    at other seeds, with refit, one thread each: whether the gap between them outlasts the seed."""
+    todo = [(dataset, who, raw, who == "recipe_history_bias", seed) for seed in seeds
+            for who, raw in (("tuned", tuned), ("recipe_history_bias", recipe))]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_seed_run, todo))
+    return {who: {str(seed): row for w, seed, row in done if w == who} for who in ("tuned", "recipe_history_bias")}
 
 
 def previous_wall(path: Path) -> float | None:
@@ -56,6 +84,9 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="more base-config overrides (e.g. train.time_budget_s=900 for the final run)")
     p.add_argument("--report-only", action="store_true", help="write the results file from a finished study")
+    p.add_argument("--seeds", type=int, nargs="*", default=[],
+                   help="train the tuned settings and the recipe + history bias again at these seeds too "
+                        "(with --report-only: add them to the results file)")
     args = p.parse_args()
     data = prepared(args.dataset)
     suffix = "" if args.base == "recipe" else "_from-defaults"
@@ -72,6 +103,14 @@ def main() -> None:
     if not args.report_only:
         subprocess.run(argv, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     report = json.loads((out / "trials.json").read_text())
+    recipe_bias = recipe_row(args.dataset, True)
+    before = json.loads(result.read_text()) if result.is_file() else {}
+    seeds = before.get("seeds", {}) if args.report_only else {}
+    if args.seeds:
+        more = seed_runs(args.dataset, report["best_run"]["config"], recipe_bias["config"], args.seeds, args.jobs)
+        seeds = {who: {**seeds.get(who, {}), **rows} for who, rows in more.items()}
+        seeds["command"] = (f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --base {args.base} "
+                            f"--report-only --jobs {args.jobs} --seeds {' '.join(map(str, args.seeds))}")
     write_result(result, {
         "dataset": args.dataset, "machine": machine(), "budget_s": args.budget, "base": args.base,
         "wall_s": previous_wall(result) if args.report_only else time.perf_counter() - t0,
@@ -84,7 +123,8 @@ def main() -> None:
         "base_trial": next((t for t in report["trials"] if t["number"] == 0), None),
         "tune": {k: report[k] for k in ("n_trials", "best_trial", "best_run")},
         "states": {s: sum(t["state"] == s for t in report["trials"]) for s in {t["state"] for t in report["trials"]}},
-        "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_row(args.dataset, True)})
+        "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_bias,
+        **({"seeds": seeds} if seeds else {})})
 
 
 if __name__ == "__main__":
