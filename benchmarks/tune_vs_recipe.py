@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,11 +67,6 @@ def seed_runs(dataset: str, tuned: dict[str, Any], recipe: dict[str, Any], seeds
     return {who: {str(seed): row for w, seed, row in done if w == who} for who in ("tuned", "recipe_history_bias")}
 
 
-def previous_wall(path: Path) -> float | None:
-    """The study's wall time from the results file, when only the report is written again."""
-    return json.loads(path.read_text()).get("wall_s") if path.is_file() else None
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="amazon-scientific-unisrec")
@@ -111,18 +107,21 @@ def main() -> None:
         seeds = {who: {**seeds.get(who, {}), **rows} for who, rows in more.items()}
         seeds["command"] = (f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --base {args.base} "
                             f"--report-only --jobs {args.jobs} --seeds {' '.join(map(str, args.seeds))}")
-    write_result(result, {
+    study = {
         "dataset": args.dataset, "machine": machine(), "budget_s": args.budget, "base": args.base,
-        "wall_s": previous_wall(result) if args.report_only else time.perf_counter() - t0,
-        "threads_per_trial": args.threads, "jobs": args.jobs,
+        "wall_s": time.perf_counter() - t0, "threads_per_trial": args.threads, "jobs": args.jobs,
         "min_trials": args.min_trials,  # each trial capped at budget x jobs / min_trials
         "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --base {args.base} "
                    f"--budget {args.budget:g} --threads {args.threads} --jobs {args.jobs} "
-                   f"--min-trials {args.min_trials}" + "".join(f" --set {o}" for o in args.set),
+                   f"--min-trials {args.min_trials}" + "".join(f" --set {o}" for o in args.set)}
+    if args.report_only:  # the study as it ran, not as these arguments describe it
+        study.update({k: before[k] for k in study if k in before})
+    write_result(result, {
+        **study,
         "base_point": report.get("base_point"),  # trial 0 trained the base's own settings
         "base_trial": next((t for t in report["trials"] if t["number"] == 0), None),
         "tune": {k: report[k] for k in ("n_trials", "best_trial", "best_run")},
-        "states": {s: sum(t["state"] == s for t in report["trials"]) for s in {t["state"] for t in report["trials"]}},
+        "states": dict(sorted(Counter(t["state"] for t in report["trials"]).items())),
         "recipe": recipe_row(args.dataset, False), "recipe_history_bias": recipe_bias,
         **({"seeds": seeds} if seeds else {})})
 
