@@ -13,7 +13,7 @@ import torch
 
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
-from seqrec.serve.ann import INDEX_KINDS, FaissRetriever, Retriever, build_retriever
+from seqrec.serve.ann import INDEX_KINDS, FaissRetriever, Retriever, build_retriever, default_n_lists
 from tests.bench_helpers import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,3 +255,11 @@ def test_ties_go_to_the_lower_id() -> None:
     assert ids.tolist() == [[5, 6, 2, 3]] and values.tolist() == [[3.0, 3.0, 2.0, 2.0]]
     r.remove([5])
     assert r.search(torch.tensor([[1.0, 0.0]]), 4)[1].tolist() == [[6, 2, 3, 4]]
+
+
+def test_default_ivf_lists_train_on_enough_items():
+    # FAISS's k-means wants about 39 training points per centroid: a small catalogue gets fewer lists
+    for n in (1, 40, 500, 4385):
+        lists = default_n_lists(n)
+        assert lists >= 1 and (lists == 1 or n // lists >= 39), (n, lists)
+    assert default_n_lists(20_000) == round(2 * 20_000 ** 0.5)  # large catalogues keep 2 sqrt(N)

@@ -167,8 +167,9 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
         unused = raw.items.frame.filter(~pl.col("item").is_in(items["item"].implode()))["item"]
         kept = _index_map(unused, start=items.height + 1)
         items = pl.concat([items, kept])
-        log.info("%d catalogue item(s) without interactions kept as items %d..%d", kept.height,
-                 items.height - kept.height + 1, items.height)
+        if kept.height:
+            log.info("%d catalogue item(s) without interactions kept as items %d..%d", kept.height,
+                     items.height - kept.height + 1, items.height)
     if items.height < 2:
         raise SeqrecError(f"{source}: only one distinct item ({items['item'][0]!r}) is left after filtering: "
                           "there is nothing to rank or recommend")
