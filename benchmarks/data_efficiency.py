@@ -212,7 +212,8 @@ def pretraining(run: Path) -> dict[str, Any]:
             "peak_rss_mb", "n_parameters")
     model = json.loads((run / "config.json").read_text())["model"]
     return {"run": str(run), "data_card": card, **{k: results.get(k) for k in keep},
-            "text_centre": bool(model.get("text_centre")), "history_bias": model.get("history_bias") is True}
+            "text_centre": bool(model.get("text_centre")), "history_bias": model.get("history_bias") is True,
+            "whitening_init": bool(model.get("whitening_init"))}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,16 +68,21 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
             value = p.get(key, (probe.get(name) or {}).get(key))
             return DASH if value is None else ("yes" if value else "no")
 
-        lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on one CPU thread, "
-                  "process peak RSS; text centred: `model.text_centre`; history bias learnt: pre-trained with "
-                  "`model.history_bias = true`, whose offsets fine-tuning and zero-shot start from. Models that ran "
+        lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on the CPU threads "
+                  "shown (`pretrain.threads`), process peak RSS; text centred: `model.text_centre`; history bias "
+                  "learnt: pre-trained with "
+                  "`model.history_bias = true`, whose offsets fine-tuning and zero-shot start from; whitening init: "
+                  "every adaptor expert started as an SVD whitening of the pre-training text (`model.whitening_init`;"
+                  " – where the record predates the column). Models that ran "
                   "a fixed number of steps (`pretrain.max_steps`, the steps `pretrained-games` made in its time "
                   "budget) beside other jobs have lower rates.", "",
-                  *table(["model", "domains", "training events", "text centred", "history bias learnt", "steps",
+                  *table(["model", "domains", "training events", "text centred", "history bias learnt",
+                          "whitening init", "threads", "steps",
                           "epochs", "seconds", "sequences/s", "targets/s", "peak RSS MB"],
                          [[name, ", ".join(r["domain"] for r in p["data_card"]["domains"]),
                            f"{p['data_card']['training_events']:,}", flag(p, "text_centre", name),
-                           flag(p, "history_bias", name),
+                           flag(p, "history_bias", name), flag(p, "whitening_init", name),
+                           str(p["data_card"].get("pretrain", {}).get("threads", DASH)),
                            f"{p['steps']:,}" if p.get("steps") else DASH, str(p["epochs_run"]),
                            f"{p['train_seconds']:.0f}", f"{p['sequences_per_s']:.0f}", f"{p['targets_per_s']:.0f}",
                            f"{p['peak_rss_mb']:.0f}"]
@@ -165,9 +170,11 @@ def transfer_probe(d: dict[str, Any]) -> list[str]:
              "the history. Script: `benchmarks/transfer_probe.py`; file: "
              f"`results/transfer_probe_{target}.json`.")
     return [f"## Transfer: what pre-training carries to {target}", "", intro, "",
-            *table(["pre-trained model", "domains", "steps", "text centred", "history bias learnt", *kinds],
+            *table(["pre-trained model", "domains", "steps", "text centred", "history bias learnt", "whitening init",
+                    *kinds],
                    [[name, ", ".join(r["domains"]), r.get("pretrain_steps", DASH), yes(r.get("text_centre"), "no"),
                      yes(r.get("history_bias"), "no"),
+                     DASH if "whitening_init" not in r else yes(r["whitening_init"], "no"),
                      *(f4(r["valid_ndcg@10"][k]) if k in r["valid_ndcg@10"] else DASH for k in kinds)]
                     for name, r in d["runs"].items()])]
 

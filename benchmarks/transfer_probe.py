@@ -75,7 +75,8 @@ def probe(pre: Path, data: PreparedDataset) -> dict[str, Any]:
         mixed.load_state_dict(state)
         out[name] = ndcg(mixed)
     return {"domains": [Path(d).name for d in domains], "text_centre": cfg.model.text_centre,
-            "history_bias": cfg.model.history_bias is True, "valid_ndcg@10": out,
+            "history_bias": cfg.model.history_bias is True, "whitening_init": cfg.model.whitening_init,
+            "valid_ndcg@10": out,
             "pretrain_seconds": results["train_seconds"], "pretrain_steps": results["steps"]}
 
 
