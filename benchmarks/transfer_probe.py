@@ -55,7 +55,8 @@ def probe(pre: Path, data: PreparedDataset) -> dict[str, Any]:
     model = finetune_model(pre, data, cfg.model, L)
     out["zero-shot"] = ndcg(model)
     out["zero-shot, seen items filtered"] = ndcg(model, filter_seen=True)
-    domains = json.loads((pre / "config.json").read_text())["pretrain"]["datasets"]
+    pre_config = json.loads((pre / "config.json").read_text())
+    domains, pre_model = pre_config["pretrain"]["datasets"], pre_config["model"]
     if not cfg.model.text_centre:
         options = cfg.model.text_options()
         source_mean = torch.cat([text_embeddings(PreparedDataset.load(Path(d)), options).emb[1:]
@@ -75,7 +76,7 @@ def probe(pre: Path, data: PreparedDataset) -> dict[str, Any]:
         mixed.load_state_dict(state)
         out[name] = ndcg(mixed)
     return {"domains": [Path(d).name for d in domains], "text_centre": cfg.model.text_centre,
-            "history_bias": cfg.model.history_bias is True, "whitening_init": cfg.model.whitening_init,
+            "history_bias": cfg.model.history_bias is True, "whitening_init": bool(pre_model.get("whitening_init")),
             "valid_ndcg@10": out,
             "pretrain_seconds": results["train_seconds"], "pretrain_steps": results["steps"]}
 
