@@ -11,6 +11,7 @@ from common import load_result as load
 from tables import (
     DASH,
     f4,
+    recorded,
     table,
     value_range,
     yes,
@@ -65,8 +66,7 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
         probe = (load(f"transfer_probe_{target}.json") or {}).get("runs") or {}
 
         def flag(p: dict[str, Any], key: str, name: str) -> str:  # older records: what the probe noted
-            value = p.get(key, (probe.get(name) or {}).get(key))
-            return DASH if value is None else ("yes" if value else "no")
+            return recorded(p.get(key, (probe.get(name) or {}).get(key)))
 
         lines += ["", "Pre-trained models (`(name)` in the method column): `seqrec pretrain` on the CPU threads "
                   "shown (`pretrain.threads`), process peak RSS; text centred: `model.text_centre`; history bias "
@@ -174,7 +174,7 @@ def transfer_probe(d: dict[str, Any]) -> list[str]:
                     *kinds],
                    [[name, ", ".join(r["domains"]), r.get("pretrain_steps", DASH), yes(r.get("text_centre"), "no"),
                      yes(r.get("history_bias"), "no"),
-                     DASH if "whitening_init" not in r else yes(r["whitening_init"], "no"),
+                     recorded(r.get("whitening_init")),
                      *(f4(r["valid_ndcg@10"][k]) if k in r["valid_ndcg@10"] else DASH for k in kinds)]
                     for name, r in d["runs"].items()])]
 

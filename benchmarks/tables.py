@@ -49,6 +49,11 @@ def yes(flag: Any, no: str = "") -> str:
     return "yes" if flag else no
 
 
+def recorded(flag: bool | None) -> str:
+    """A yes/no cell for a setting a record may predate: – when it was not recorded."""
+    return DASH if flag is None else yes(flag, "no")
+
+
 # ---- tables --------------------------------------------------------------------------------------
 
 def row(cells: Iterable[Any]) -> str:
