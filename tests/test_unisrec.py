@@ -19,7 +19,7 @@ from seqrec.nn.adaptors import MoEAdaptor, PWLayer, svd_whitening
 from seqrec.nn.contrastive import KeyQueue, info_nce_in_batch, info_nce_queue, momentum_update
 from seqrec.train.checkpoint import save_checkpoint
 from seqrec.train.pretrain import PretrainConfig, Pretrainer, drop_items
-from seqrec.train.transfer import finetune_config, finetune_model
+from seqrec.train.transfer import finetune_config, finetune_model, recipe_model_settings
 from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
 
 
@@ -318,6 +318,21 @@ def test_finetune_setting_decides_the_id_table(tiny_dataset: PreparedDataset, en
         finetune_config(tmp_path / "pre", "transductive", {"item_ids": False})
     with pytest.raises(SeqrecError, match="max_len"):
         finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive"), 12)
+
+
+def test_a_recipe_for_another_size_fine_tunes_at_the_checkpoint_size(
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path) -> None:
+    """A recipe file's architecture (d, d_ff, ...) gives way to the checkpoint's; its other settings apply."""
+    pre = UniSRec.from_dataset(tiny_config(encoder_dir), tiny_dataset, 8)  # d 16, d_ff 32
+    save_checkpoint(pre, tmp_path / "pre", max_len=8, item_table=tiny_dataset.item_table)
+    recipe = {"d": 64, "d_ff": 256, "n_layers": 1, "dropout": 0.4}
+    kept = recipe_model_settings(tmp_path / "pre", recipe)
+    assert kept == {"n_layers": 1, "dropout": 0.4}
+    cfg = finetune_config(tmp_path / "pre", "inductive", kept)
+    assert (cfg.d, cfg.d_ff, cfg.dropout) == (16, 32, 0.4)
+    finetune_model(tmp_path / "pre", tiny_dataset, cfg, 8)  # the weights load
+    with pytest.raises(SeqrecError, match="must match the pre-trained"):  # an explicit size that does not fit
+        finetune_model(tmp_path / "pre", tiny_dataset, finetune_config(tmp_path / "pre", "inductive", recipe), 8)
 
 
 def test_a_pretrained_history_bias_is_where_fine_tuning_starts(

@@ -75,12 +75,19 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from seqrec.config import load_toml, resolve
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.loop import fit
-    from seqrec.train.transfer import Setting, finetune_config, finetune_model, pretrained_max_len
+    from seqrec.train.transfer import (
+        Setting,
+        finetune_config,
+        finetune_model,
+        pretrained_max_len,
+        recipe_model_settings,
+    )
 
     raw = load_toml(Path(args.config)) if args.config else {}
     sets = _split_overrides(list(args.set or []), ("data", "model", "train", "eval"))
     setting: Setting = "inductive" if args.setting == "zero-shot" else args.setting
-    overrides = {**raw.pop("model", {}), **sets.pop("model")}
+    pretrained = Path(getattr(args, "from"))
+    overrides = {**recipe_model_settings(pretrained, raw.pop("model", {})), **sets.pop("model")}
     if args.transfer == "adaptor":  # a fresh Transformer is trained, not frozen
         overrides.setdefault("freeze_encoder", False)
     model_cfg = finetune_config(Path(getattr(args, "from")), setting, overrides)

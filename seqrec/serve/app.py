@@ -200,9 +200,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         texts = {it.id: it.text for it in req.items}
         if len(texts) != len(req.items):
             raise SeqrecError("the same item id is given more than once")
-        known = [raw for raw in texts if raw in rec.index]
-        rec.add_items(texts)
-        return ItemsResponse(added=[r for r in texts if r not in set(known)], replaced=known, n_items=rec.n_items)
+        added, replaced = rec.add_items(texts)
+        return ItemsResponse(added=added, replaced=replaced, n_items=rec.n_items)
 
     @app.delete("/items/{item_id:path}", response_model=ItemInfo)
     def remove_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:

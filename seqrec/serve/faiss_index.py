@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 faiss: Any = importlib.import_module("faiss")  # typed as Any: the SWIG module's own annotations are wrong
 
 _DEAD_SHARE = 0.25  # rebuild a FAISS index when this share of its rows are tombstones
+# an added item may exceed the IVF transform's M by this share before the index is rebuilt: rounding
+# alone puts unit vectors a hair over it, and a row a hair long only loses a little as a candidate (the
+# candidates are rescored exactly)
+_NORM_SLACK = 1e-4
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,16 @@ class FaissRetriever(Retriever):
         super().__init__(vectors, bias)
         self.kind = kind
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
-        self._n_lists_given, self.seed = n_lists, seed
-        self.n_lists = self._lists_for(self.n_items)
-        self.n_probe = max(1, min(self.n_lists, n_probe or default_n_probe(self.n_lists, self.n_items)))
+        self._n_lists_given, self._n_probe_given, self.seed = n_lists, n_probe, seed
+        self._size_ivf(self.n_items)
         self._lock = _RWLock()
         self._index = self._build(self._items)
 
-    def _lists_for(self, n: int) -> int:
-        return max(1, min(n, self._n_lists_given or default_n_lists(n)))
+    def _size_ivf(self, n: int) -> None:
+        """IVF lists and probes for n items: the ones given, else the defaults for n (again at each rebuild,
+        so a catalogue grown by POST /items keeps its recall)."""
+        self.n_lists = max(1, min(n, self._n_lists_given or default_n_lists(n)))
+        self.n_probe = max(1, min(self.n_lists, self._n_probe_given or default_n_probe(self.n_lists, n)))
 
     @property
     def index(self) -> Any:
@@ -157,7 +163,7 @@ class FaissRetriever(Retriever):
         fresh = items.vectors[changed], items.bias[changed]
         norms = torch.cat([fresh[0], fresh[1].unsqueeze(1)], dim=1).double().norm(dim=1)
         dead = len(ix.row_to_id) + len(changed) - len(items.vectors) + 1
-        if len(changed) and float(norms.max()) > ix.max_norm:
+        if len(changed) and float(norms.max()) > ix.max_norm * (1 + _NORM_SLACK):
             log.info("%s index: an item of norm %.4g exceeds M = %.4g; rebuilding", self.kind,
                      float(norms.max()), ix.max_norm)
             self._rebuild(items)
@@ -169,8 +175,8 @@ class FaissRetriever(Retriever):
             self._append(items, changed, item_rows(self.kind, *fresh, ix.max_norm))
 
     def _rebuild(self, items: _Items) -> None:
-        if self.kind == "ivf" and self._n_lists_given is None:
-            self.n_lists = self._lists_for(len(items.vectors) - 1)
+        if self.kind == "ivf":
+            self._size_ivf(len(items.vectors) - 1)
         built = self._build(items)  # readers go on with the old index meanwhile
         with self._lock.write():
             self._items, self._index = items, built

@@ -34,40 +34,53 @@ def route_of(path: str) -> str:
     parts = path.strip("/").split("/")
     if parts[0] in ("items", "similar") and len(parts) == 2:
         return f"/{parts[0]}/{{id}}"
-    if parts[0] == "sessions" and len(parts) in (2, 3):
-        return "/sessions/{id}" + ("/" + parts[2] if len(parts) == 3 else "")
-    return "other"
+    if parts[0] == "sessions" and len(parts) == 2:
+        return "/sessions/{id}"
+    if parts[0] == "sessions" and len(parts) == 3 and parts[2] == "events":
+        return "/sessions/{id}/events"
+    return "other"  # anything a client makes up shares one label
 
 
 class Metrics:
     def __init__(self, window: int = 10_000) -> None:
         self.counts: defaultdict[tuple[str, str, int], int] = defaultdict(int)
         self.latencies: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self.total: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # route -> [count, seconds]
+        self.window = window
         self._lock = threading.Lock()
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         with self._lock:
             self.counts[(method, route, status)] += 1
             self.latencies[route].append(seconds)
+            total = self.total[route]
+            total[0] += 1
+            total[1] += seconds
 
-    def render(self, gauges: dict[str, float]) -> str:
-        """Prometheus text exposition: request counts, latency quantiles (recent requests), gauges."""
+    def render(self, own: dict[str, float]) -> str:
+        """Prometheus text exposition: request counts, latency quantiles (recent requests), and the
+        service's own values (a name ending in _total is a counter, any other a gauge)."""
         lines = ["# HELP seqrec_requests_total Requests served, by method, route and status.",
                  "# TYPE seqrec_requests_total counter"]
         with self._lock:
             counts = dict(self.counts)
             lat = {route: np.array(v) for route, v in self.latencies.items()}
+            totals = {route: tuple(t) for route, t in self.total.items()}
         for (method, route, status), n in sorted(counts.items()):
             lines.append(f'seqrec_requests_total{{method="{method}",route="{route}",status="{status}"}} {n}')
-        lines += ["# HELP seqrec_request_latency_seconds Latency of the last 10,000 requests per route.",
+        lines += [f"# HELP seqrec_request_latency_seconds Latency per route: quantiles of the last {self.window:,} "
+                  "requests, count and sum of all",
                   "# TYPE seqrec_request_latency_seconds summary"]
         for route, values in sorted(lat.items()):
             for q in QUANTILES:
                 lines.append(f'seqrec_request_latency_seconds{{route="{route}",quantile="{q}"}} '
                              f"{float(np.quantile(values, q)):.6f}")
-            lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {len(values)}')
-        for name, value in gauges.items():
-            lines += [f"# TYPE {name} gauge", f"{name} {value}"]
+            count, total = totals[route]
+            lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {int(count)}')
+            lines.append(f'seqrec_request_latency_seconds_sum{{route="{route}"}} {total:.6f}')
+        for name, value in own.items():
+            kind = "counter" if name.endswith("_total") else "gauge"  # Prometheus: counters end in _total
+            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
 

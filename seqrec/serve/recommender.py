@@ -39,6 +39,7 @@ from seqrec.serve.onnx_engine import OnnxEncoder
 from seqrec.train.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
+NOTHING_LEFT = "no item is left to recommend after excluding the history"
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,11 @@ class Recommender:
         """Whether new items can be added by text (a text model such as UniSRec)."""
         return hasattr(self.model, "add_items")
 
-    def add_items(self, texts: Mapping[str, str]) -> list[int]:
+    def add_items(self, texts: Mapping[str, str]) -> tuple[list[str], list[str]]:
         """Add items (raw id -> text) or replace the text of known ones, from text alone; they are
-        recommendable (and usable in histories) as soon as this returns. Needs a text model."""
+        recommendable (and usable in histories) as soon as this returns. Needs a text model.
+        Returns (added, replaced): the raw ids that were new and those whose text was replaced, as
+        decided under the catalogue's lock (so two concurrent calls never both add one id)."""
         if not self.takes_text:
             raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
         if self._no_new_text:
@@ -186,7 +189,7 @@ class Recommender:
                 ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
                                    device=device)
                 cat.append([raws[i] for i in new], [values[i] for i in new], self._item_side(ids), None)
-        return [cat.index[raw] for raw in raws]
+        return [raws[i] for i in new], [raws[i] for i in known]
 
     def _item_side(self, ids: torch.Tensor) -> torch.Tensor:
         """The vectors of items whose text changed or that were added: their input vectors go to the ONNX
@@ -353,7 +356,7 @@ class Recommender:
         recs = self.top_k(states, batch.items, ks, [h if ex else None for h, ex in zip(histories, exclude_seen,
                                                                                          strict=True)])
         if any(not r for r in recs):
-            raise SeqrecError("no item is left to recommend after excluding the history")
+            raise SeqrecError(NOTHING_LEFT)
         return recs
 
     def _rank_candidates(self, state: torch.Tensor, window: torch.Tensor, history: list[int],

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from seqrec.errors import SeqrecError
-from seqrec.serve.recommender import Recommendation, Recommender
+from seqrec.serve.recommender import NOTHING_LEFT, Recommendation, Recommender
 
 
 class SessionLimit(SeqrecError):
@@ -66,7 +66,10 @@ class Sessions:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        """Live sessions: idle ones are dropped first (so /health and /metrics never count them)."""
+        with self._lock:
+            self._expire(time.monotonic())
+            return len(self._sessions)
 
     def _expire(self, now: float) -> None:
         while self._sessions:
@@ -151,5 +154,7 @@ class Sessions:
     def _answer(self, sid: str, session: Session, states: torch.Tensor, window: torch.Tensor, k: int,
                 exclude_seen: bool, cached: bool) -> SessionView:
         recs = self.rec.top_k(states, window, k, [session.items if exclude_seen else None])[0]
+        if not recs:  # as `Recommender.recommend` answers the same history
+            raise SeqrecError(NOTHING_LEFT)
         raw = self.rec.catalogue.raw_ids
         return SessionView(sid, len(session.items), [raw[i - 1] for i in session.items], recs, cached)

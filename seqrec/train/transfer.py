@@ -39,6 +39,8 @@ Setting = Literal["inductive", "transductive"]
 # tensors that belong to one catalogue
 PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight")
 HISTORY = "history.theta"  # carried over when both models have a history bias
+# model settings that fix the shape or the meaning of pre-trained weights: the checkpoint decides them
+ARCHITECTURE = ("d", "n_layers", "n_heads", "d_ff", "n_experts", "text_dim")
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -62,6 +64,19 @@ def finetune_config(pretrained: Path, setting: Setting, overrides: dict[str, Any
         raise SeqrecError(f"model.item_ids contradicts --setting {setting}; drop it from the config")
     values = {**meta["config"], "freeze_encoder": True, "whitening_init": False, **overrides, "item_ids": item_ids}
     return build(UniSRecConfig, values, "model")
+
+
+def recipe_model_settings(pretrained: Path, recipe: dict[str, Any]) -> dict[str, Any]:
+    """A fine-tuning recipe's `[model]` settings less the architecture the pre-trained checkpoint fixes, so a
+    recipe written for another model size still applies its dropout, temperature, ...; each setting
+    dropped is logged. (An explicit `--set` of an architecture key is not passed through here: it must
+    match the checkpoint or the weights do not load.)"""
+    pre = read_meta(checkpoint_dir(pretrained))["config"]
+    dropped = {k: v for k, v in recipe.items() if k in ARCHITECTURE and k in pre and v != pre[k]}
+    for key, value in dropped.items():
+        log.info("model.%s = %s from the pre-trained model (the config's %s does not fit its weights)",
+                 key, pre[key], value)
+    return {k: v for k, v in recipe.items() if k not in dropped}
 
 
 Transfer = Literal["all", "adaptor"]

@@ -1,0 +1,121 @@
+"""The service where a review found it wrong (each test failed before its fix): metric labels and counts,
+expired sessions, a session against /recommend, concurrent adds, an IVF index rebuilt after growth."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from seqrec.serve import Recommender
+from seqrec.serve.app import create_app
+from seqrec.serve.metrics import Metrics
+from tests.serve_helpers import train_tiny_runs
+
+fastapi = pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+from fastapi.testclient import TestClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return train_tiny_runs(tmp_path_factory.mktemp("review"))
+
+
+def test_metrics_route_labels_stay_bounded_for_unknown_session_subpaths(runs: dict[str, Path]) -> None:
+    """Paths a client makes up share one route label: otherwise every distinct 404 under /sessions/ would
+    add a label set and a 10,000-float latency window (memory and cardinality driven by any client)."""
+    app = create_app(Recommender.from_run(runs["sasrec"], engine="torch"))
+    client = TestClient(app)
+    for i in range(50):
+        assert client.get(f"/sessions/s/junk{i}").status_code == 404
+    routes = set(re.findall(r'route="([^"]*)"', client.get("/metrics").text))
+    assert len(routes) <= 5, sorted(routes)
+    assert len(app.state.metrics.latencies) <= 5
+
+
+def test_latency_summary_count_is_the_total_not_the_window() -> None:
+    """A summary's _count counts every request, not the quantile window (it stopped at 10,000, so
+    rate(..._count) read 0 on a busy service); a _sum goes with it."""
+    metrics = Metrics(window=3)
+    for _ in range(5):
+        metrics.observe("POST", "/recommend", 200, 0.01)
+    text = metrics.render({})
+    assert 'seqrec_request_latency_seconds_count{route="/recommend"} 5' in text, text
+
+
+def test_sessions_gauge_does_not_count_expired_sessions(runs: dict[str, Path]) -> None:
+    """/health and the seqrec_sessions gauge count live sessions: expired ones are dropped first (they
+    were counted, and their caches kept, until the next session request)."""
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"], engine="torch"), session_ttl_s=0.2))
+    assert client.post("/sessions/a/events", json={"item": "i1"}).status_code == 200
+    time.sleep(0.3)
+    assert client.get("/health").json()["sessions"] == 0
+    assert "seqrec_sessions 0" in client.get("/metrics").text
+
+
+def test_session_with_everything_excluded_answers_as_recommend(runs: dict[str, Path]) -> None:
+    """A session answers as /recommend on the same history, also when exclude_seen leaves no item (a 400;
+    the session answered 200 with an empty list)."""
+    rec = Recommender.from_run(runs["sasrec"], engine="torch")
+    client = TestClient(create_app(rec))
+    history = list(rec.catalogue.raw_ids)
+    for item in history[:-1]:
+        assert client.post("/sessions/all/events", json={"item": item, "k": 5}).status_code == 200
+    session = client.post("/sessions/all/events", json={"item": history[-1], "k": 5, "exclude_seen": True})
+    plain = client.post("/recommend", json={"history": history, "k": 5, "exclude_seen": True})
+    assert plain.status_code == 400
+    assert session.status_code == plain.status_code, session.text
+
+
+def test_concurrent_adds_of_one_new_id_report_it_added_once(runs: dict[str, Path]) -> None:
+    """Two concurrent POSTs of one new id: one adds it, the other replaces its text, and they say so (the
+    split was decided before the catalogue's lock, so both answered "added")."""
+    rec = Recommender.from_run(runs["unisrec"], engine="torch")
+    app = create_app(rec)
+    barrier = threading.Barrier(2, timeout=10)
+    add = rec.add_items
+
+    def slow_add(texts):  # type: ignore[no-untyped-def]
+        barrier.wait()  # both requests are past their `known` check, as when both are encoding text
+        return add(texts)
+
+    rec.add_items = slow_add  # type: ignore[method-assign]
+
+    async def fire() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await asyncio.gather(*(client.post("/items", json={"items": [{"id": "new", "text": t}]})
+                                          for t in ("red glue", "blue tape")))
+
+    answers = asyncio.run(fire())
+    assert [a.status_code for a in answers] == [200, 200]
+    added = [a.json()["added"] for a in answers]
+    assert sorted(added) == [[], ["new"]], added
+
+
+def test_ivf_rebuilt_after_growth_keeps_its_recall() -> None:
+    """An IVF index rebuilt for a grown catalogue sizes its probes with its lists (it kept the probes of
+    the catalogue it started with: 1 probe of ~100 lists, recall@10 0.18)."""
+    import torch
+
+    from seqrec.serve.ann import build_retriever
+
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(41, 16, generator=g)
+    grown = build_retriever("ivf", start)
+    added = torch.randn(4000, 16, generator=g) * 1.5  # larger norms: the index is rebuilt for the new M
+    grown.add(added)
+    everything = torch.cat([start, added])
+    exact, fresh = build_retriever("exact", everything), build_retriever("ivf", everything)
+    queries = torch.randn(200, 16, generator=g)
+
+    def recall(r) -> float:  # type: ignore[no-untyped-def]
+        want, got = exact.search(queries, 10)[1], r.search(queries, 10)[1]
+        return sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(want, got, strict=True)) / want.numel()
+
+    assert recall(fresh) > 0.95
+    assert recall(grown) > 0.9, (grown.n_lists, grown.n_probe, fresh.n_probe)
