@@ -119,3 +119,31 @@ def test_ivf_rebuilt_after_growth_keeps_its_recall() -> None:
 
     assert recall(fresh) > 0.95
     assert recall(grown) > 0.9, (grown.n_lists, grown.n_probe, fresh.n_probe)
+
+
+def test_a_full_queue_is_refused_with_503_and_the_rest_are_answered(runs: dict[str, Path]) -> None:
+    """Beyond max_queue waiting /recommend requests a new one is a 503 with Retry-After at once (the queue
+    was unbounded: under overload every request waited longer); the others are answered."""
+    rec = Recommender.from_run(runs["sasrec"], engine="torch")
+    app = create_app(rec, max_queue=2)
+    release = threading.Event()
+    run = rec.recommend_indices
+
+    def slow(*args):  # type: ignore[no-untyped-def]
+        release.wait(10)  # the model is busy while the requests arrive
+        return run(*args)
+
+    rec.recommend_indices = slow  # type: ignore[method-assign]
+    threading.Timer(0.5, release.set).start()
+
+    async def fire() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await asyncio.gather(*(client.post("/recommend", json={"history": ["i1"], "k": 3})
+                                          for _ in range(6)))
+
+    answers = asyncio.run(fire())
+    refused = [a for a in answers if a.status_code == 503]
+    assert 1 <= len(refused) <= 4 and all(a.headers["retry-after"] == "1" for a in refused)
+    assert all(a.status_code == 200 and len(a.json()["items"]) == 3 for a in answers if a.status_code != 503)
+    assert "waiting for the model" in refused[0].json()["error"]
+    assert f"seqrec_recommend_refused_total {len(refused)}" in TestClient(app).get("/metrics").text

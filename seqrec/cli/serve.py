@@ -30,7 +30,7 @@ def build_app(options: dict) -> object:
     one = int(options.get("workers", 1)) == 1
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
-                      sessions_enabled=one, catalogue_writable=one)
+                      sessions_enabled=one, catalogue_writable=one, max_queue=options["max_queue"])
 
 
 def app_from_env() -> object:
@@ -77,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SeqrecError(f"--port must be in 1..65535, got {args.port}")
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 0),
                                ("--max-sessions", args.max_sessions, 1), ("--session-events", args.session_events, 1),
-                               ("--max-body-bytes", args.max_body_bytes, 1)):
+                               ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, 1)):
         if value < least:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
     if not args.session_ttl > 0:
@@ -86,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
-               "engine": args.engine}
+               "engine": args.engine, "max_queue": args.max_queue}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
     if args.workers == 1:
@@ -143,6 +143,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    s.add_argument("--max-queue", type=int, default=1024,
+                   help="/recommend requests that may wait for the model; more are answered 503 (Retry-After)")
     s.set_defaults(fn=cmd_serve)
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
     e.add_argument("run")

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from seqrec.errors import SeqrecError
-from seqrec.serve.batcher import Batcher
+from seqrec.serve.batcher import Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
@@ -144,14 +144,15 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
                session_ttl_s: float = 1800.0, limits: Limits | None = None, sessions_enabled: bool = True,
-               catalogue_writable: bool = True) -> FastAPI:
-    """The service over `rec`. `sessions_enabled` / `catalogue_writable` are off when several worker
+               catalogue_writable: bool = True, max_queue: int = 1024) -> FastAPI:
+    """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
+    answered 503 with Retry-After. `sessions_enabled` / `catalogue_writable` are off when several worker
     processes serve one port (each would hold its own sessions and catalogue)."""
     app = FastAPI(title="seqrec", version=_version(),
                   description="Sequential recommendation: top-k next items for a history of raw item ids.")
     metrics = Metrics()
     sessions = Sessions(rec, max_sessions, session_events, session_ttl_s)
-    batcher = Batcher(rec)  # all model work runs on its one thread; /recommend requests are batched
+    batcher = Batcher(rec, max_queue=max_queue)  # all model work on its one thread; /recommend requests batched
     app.state.recommender, app.state.sessions, app.state.metrics, app.state.batcher = rec, sessions, metrics, batcher
     app.router.on_shutdown.append(batcher.close)
     app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits())
@@ -159,6 +160,10 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.exception_handler(UnknownItem)
     async def unknown(_: Request, exc: UnknownItem) -> JSONResponse:
         return _error(404, str(exc))
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(SessionLimit)
     async def too_many(_: Request, exc: SessionLimit) -> JSONResponse:
@@ -260,7 +265,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def prometheus() -> str:
         return metrics.render({"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions),
                                "seqrec_recommend_batches_total": batcher.batches,
-                               "seqrec_recommend_batched_requests_total": batcher.batched})
+                               "seqrec_recommend_batched_requests_total": batcher.batched,
+                               "seqrec_recommend_refused_total": batcher.refused})
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:

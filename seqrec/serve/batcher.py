@@ -6,6 +6,10 @@ nothing; at concurrency C the encoder and the top-k search run once for up to C 
 costs little more than one, so throughput grows with load instead of latency growing with it.
 All model work of the service (batches, sessions, similar items) runs on the same thread, so it
 never competes with itself for the cores.
+
+Bounded: beyond `max_queue` waiting requests a new one is refused at once (`Overloaded`, a 503 with
+Retry-After) instead of joining a queue whose wait only grows; a request whose client has gone
+(its future cancelled) is dropped from a batch before the model runs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from seqrec.errors import SeqrecError
 from seqrec.serve.recommender import Recommendation, Recommender
 
 T = TypeVar("T")
@@ -32,14 +37,19 @@ class Job:
     future: asyncio.Future[list[Recommendation]]
 
 
+class Overloaded(SeqrecError):
+    """More requests are waiting for the model than the service queues."""
+
+
 class Batcher:
-    def __init__(self, rec: Recommender, max_batch: int = 64) -> None:
-        self.rec, self.max_batch = rec, max_batch
+    def __init__(self, rec: Recommender, max_batch: int = 64, max_queue: int = 1024) -> None:
+        self.rec, self.max_batch, self.max_queue = rec, max_batch, max_queue
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="seqrec-model")
         self._pending: list[Job] = []
         self._draining = False
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only a weak reference
         self.batches = self.batched = 0  # forward passes run, and requests answered by them
+        self.refused = 0  # requests refused because the queue was full
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run other model work (sessions, batch requests) on the model thread."""
@@ -48,6 +58,10 @@ class Batcher:
     async def recommend(self, history: list[int], events: dict[str, np.ndarray], k: int,
                         exclude_seen: bool) -> list[Recommendation]:
         """Top-k for one checked history, computed in a batch with the requests around it."""
+        if len(self._pending) >= self.max_queue:
+            self.refused += 1
+            raise Overloaded(f"{len(self._pending)} requests are waiting for the model (at most {self.max_queue}); "
+                             "retry shortly")
         future: asyncio.Future[list[Recommendation]] = asyncio.get_running_loop().create_future()
         self._pending.append(Job(history, events, k, exclude_seen, future))
         if not self._draining:
@@ -59,6 +73,9 @@ class Batcher:
         try:
             while self._pending:
                 jobs, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+                jobs = [j for j in jobs if not j.future.done()]  # a client that went away cancels its future
+                if not jobs:
+                    continue
                 self.batches, self.batched = self.batches + 1, self.batched + len(jobs)
                 try:
                     results = await self.run(self.rec.recommend_indices, [j.history for j in jobs],
