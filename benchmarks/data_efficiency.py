@@ -213,7 +213,7 @@ def pretraining(run: Path) -> dict[str, Any]:
     model = json.loads((run / "config.json").read_text())["model"]
     return {"run": str(run), "data_card": card, **{k: results.get(k) for k in keep},
             "text_centre": bool(model.get("text_centre")), "history_bias": model.get("history_bias") is True,
-            "whitening_init": bool(model.get("whitening_init"))}
+            "whitening_init": bool(model.get("whitening_init")), "d": model.get("d")}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -292,7 +292,8 @@ def main() -> None:
                    "report: every one whose runs it lists)")
     p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
+                   help="none (a bare --methods) with --pretrained: the zero-shot run alone")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a variant's overrides (give it a --tag)")

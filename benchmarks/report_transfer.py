@@ -73,15 +73,18 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
                   "learnt: pre-trained with "
                   "`model.history_bias = true`, whose offsets fine-tuning and zero-shot start from; whitening init: "
                   "every adaptor expert started as an SVD whitening of the pre-training text (`model.whitening_init`;"
-                  " – where the record predates the column). Models that ran "
+                  " – where the record predates the column); d: the model width (– where the record predates the "
+                  "column: those models have the parameter count of d 64). Models that ran "
                   "a fixed number of steps (`pretrain.max_steps`, the steps `pretrained-games` made in its time "
                   "budget) beside other jobs have lower rates.", "",
                   *table(["model", "domains", "training events", "text centred", "history bias learnt",
-                          "whitening init", "threads", "steps",
+                          "whitening init", "d", "parameters", "threads", "steps",
                           "epochs", "seconds", "sequences/s", "targets/s", "peak RSS MB"],
                          [[name, ", ".join(r["domain"] for r in p["data_card"]["domains"]),
                            f"{p['data_card']['training_events']:,}", flag(p, "text_centre", name),
                            flag(p, "history_bias", name), flag(p, "whitening_init", name),
+                           str(p.get("d") or (probe.get(name) or {}).get("d") or DASH),
+                           f"{p['n_parameters']:,}" if p.get("n_parameters") else DASH,
                            str(p["data_card"].get("pretrain", {}).get("threads", DASH)),
                            f"{p['steps']:,}" if p.get("steps") else DASH, str(p["epochs_run"]),
                            f"{p['train_seconds']:.0f}", f"{p['sequences_per_s']:.0f}", f"{p['targets_per_s']:.0f}",
@@ -165,16 +168,17 @@ def transfer_probe(d: dict[str, Any]) -> list[str]:
              "each adaptor expert re-centred on the target's mean text vector (runs pre-trained with "
              "`model.text_centre` centre every catalogue themselves), and of its adaptor or Transformer alone "
              "beside fresh parts (a learnt history bias goes with the Transformer). Steps: the pre-training "
-             "optimiser steps. An untrained UniSRec scores "
+             "optimiser steps; d: the model width (– where the record predates the column: d 64, the recipe's "
+             "width until then). An untrained UniSRec scores "
              f"{f4(d['untrained_valid_ndcg@10'])}: its near-identity Transformer ranks items by text similarity to "
              "the history. Script: `benchmarks/transfer_probe.py`; file: "
              f"`results/transfer_probe_{target}.json`.")
     return [f"## Transfer: what pre-training carries to {target}", "", intro, "",
             *table(["pre-trained model", "domains", "steps", "text centred", "history bias learnt", "whitening init",
-                    *kinds],
+                    "d", *kinds],
                    [[name, ", ".join(r["domains"]), r.get("pretrain_steps", DASH), yes(r.get("text_centre"), "no"),
                      yes(r.get("history_bias"), "no"),
-                     recorded(r.get("whitening_init")),
+                     recorded(r.get("whitening_init")), str(r.get("d") or DASH),
                      *(f4(r["valid_ndcg@10"][k]) if k in r["valid_ndcg@10"] else DASH for k in kinds)]
                     for name, r in d["runs"].items()])]
 

@@ -77,7 +77,7 @@ def probe(pre: Path, data: PreparedDataset) -> dict[str, Any]:
         out[name] = ndcg(mixed)
     return {"domains": [Path(d).name for d in domains], "text_centre": cfg.model.text_centre,
             "history_bias": cfg.model.history_bias is True, "whitening_init": bool(pre_model.get("whitening_init")),
-            "valid_ndcg@10": out,
+            "d": pre_model.get("d"), "valid_ndcg@10": out,
             "pretrain_seconds": results["train_seconds"], "pretrain_steps": results["steps"]}
 
 
