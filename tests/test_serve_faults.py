@@ -147,3 +147,24 @@ def test_a_full_queue_is_refused_with_503_and_the_rest_are_answered(runs: dict[s
     assert all(a.status_code == 200 and len(a.json()["items"]) == 3 for a in answers if a.status_code != 503)
     assert "waiting for the model" in refused[0].json()["error"]
     assert f"seqrec_recommend_refused_total {len(refused)}" in TestClient(app).get("/metrics").text
+
+
+def test_an_add_that_fails_half_way_leaves_nothing_half_added(runs: dict[str, Path]) -> None:
+    """An index that fails while new items are added leaves the model, the catalogue and the index as they
+    were (the model's item count ran ahead of the catalogue's, and later adds got mismatched ids)."""
+    rec = Recommender.from_run(runs["unisrec"], engine="torch")
+    cat, n = rec.catalogue, rec.catalogue.n_items
+    add = cat.retriever.add
+
+    def failing(*args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("index full")
+
+    cat.retriever.add = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="index full"):
+        rec.add_items({"broken": "red glue"})
+    assert (rec.model.n_items, cat.n_items, len(cat.raw_ids), "broken" in cat.index) == (n, n, n, False)
+    cat.retriever.add = add  # type: ignore[method-assign]
+    assert rec.add_items({"fine": "red glue"}) == (["fine"], [])
+    assert cat.index["fine"] == n + 1 == rec.model.n_items
+    top = rec.recommend(["fine"], k=cat.n_items)
+    assert {r.item for r in top} == set(cat.raw_ids)

@@ -279,3 +279,14 @@ class UniSRec(SequentialModel):
             self.item_emb = grown
         self.n_items += len(text_emb)
         return range(first, self.n_items + 1)
+
+    @torch.no_grad()
+    def drop_items_from(self, first: int) -> None:
+        """Undo `add_items`: keep the items before index `first` only."""
+        self.text_emb = self.text_emb[:first].clone()
+        if self.item_emb is not None:
+            kept = nn.Embedding(first, self.item_emb.weight.shape[1], padding_idx=0).to(self.item_emb.weight)
+            kept.weight.copy_(self.item_emb.weight[:first])
+            kept.requires_grad_(self.item_emb.weight.requires_grad)
+            self.item_emb = kept
+        self.n_items = first - 1

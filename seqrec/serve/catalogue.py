@@ -101,7 +101,11 @@ class Catalogue:
             self.raw_ids.extend(raws)
             self.titles.extend(titles)
             ids = list(range(first, first + n))
-            self.retriever.add(vectors, None if self._bias is None else self._bias[first : first + n])
+            try:
+                self.retriever.add(vectors, None if self._bias is None else self._bias[first : first + n])
+            except BaseException:  # nothing half-added
+                del self.raw_ids[first - 1 :], self.titles[first - 1 :]
+                raise
             self._n += n  # readers see the new rows from here on
             self.index.update(zip(raws, ids, strict=True))
             return ids

@@ -186,9 +186,14 @@ class Recommender:
                 model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
                 cat.replace(ids.tolist(), [values[i] for i in known], self._item_side(ids))
             if new:
-                ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
-                                   device=device)
-                cat.append([raws[i] for i in new], [values[i] for i in new], self._item_side(ids), None)
+                first = model.n_items + 1
+                try:
+                    ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
+                                       device=device)
+                    cat.append([raws[i] for i in new], [values[i] for i in new], self._item_side(ids), None)
+                except BaseException:  # the model's items match the catalogue's again
+                    model.drop_items_from(first)  # type: ignore[operator]
+                    raise
         return [raws[i] for i in new], [raws[i] for i in known]
 
     def _item_side(self, ids: torch.Tensor) -> torch.Tensor:
