@@ -186,7 +186,7 @@ class Recommender:
                 model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
                 cat.replace(ids.tolist(), [values[i] for i in known], self._item_side(ids))
             if new:
-                first = model.n_items + 1
+                first = int(model.n_items) + 1  # type: ignore[arg-type]
                 try:
                     ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
                                        device=device)
