@@ -71,6 +71,11 @@ COLD_RUNS = {  # run folder -> command
         f"HIST=games-centre-hist-e30 {STAGE} cold-zero-shot-hist",
     "unisrec-cold20-pretrained-hist-inductive-softmax-trained-games-centre-hist-e30":
         f"HIST=games-centre-hist-e30 {STAGE} cold-pretrained-hist trained",
+    # and from the d 128 recipe (configs/pretrain.toml since games-centre-hist-d128)
+    **{f"unisrec-cold20-pretrained-hist-{kind}-games-centre-hist-d128":
+       f"HIST=games-centre-hist-d128 {STAGE} {stage}"
+       for kind, stage in (("zero-shot", "cold-zero-shot-hist"),
+                           ("inductive-softmax-trained", "cold-pretrained-hist trained"))},
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
 MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")
