@@ -20,6 +20,7 @@ def build_app(options: dict) -> object:
 
     from seqrec.serve import Recommender
     from seqrec.serve.app import create_app
+    from seqrec.serve.batcher import MAX_QUEUE
     from seqrec.serve.metrics import Limits
 
     if options.get("threads"):
@@ -30,7 +31,7 @@ def build_app(options: dict) -> object:
     one = int(options.get("workers", 1)) == 1
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
-                      sessions_enabled=one, catalogue_writable=one, max_queue=options["max_queue"])
+                      sessions_enabled=one, catalogue_writable=one, max_queue=options.get("max_queue", MAX_QUEUE))
 
 
 def app_from_env() -> object:

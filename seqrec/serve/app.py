@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from seqrec.errors import SeqrecError
-from seqrec.serve.batcher import Batcher, Overloaded
+from seqrec.serve.batcher import MAX_QUEUE, Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
@@ -144,7 +144,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
                session_ttl_s: float = 1800.0, limits: Limits | None = None, sessions_enabled: bool = True,
-               catalogue_writable: bool = True, max_queue: int = 1024) -> FastAPI:
+               catalogue_writable: bool = True, max_queue: int = MAX_QUEUE) -> FastAPI:
     """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
     answered 503 with Retry-After. `sessions_enabled` / `catalogue_writable` are off when several worker
     processes serve one port (each would hold its own sessions and catalogue)."""

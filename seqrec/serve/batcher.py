@@ -37,12 +37,15 @@ class Job:
     future: asyncio.Future[list[Recommendation]]
 
 
+MAX_QUEUE = 1024  # /recommend requests that may wait for the model by default
+
+
 class Overloaded(SeqrecError):
     """More requests are waiting for the model than the service queues."""
 
 
 class Batcher:
-    def __init__(self, rec: Recommender, max_batch: int = 64, max_queue: int = 1024) -> None:
+    def __init__(self, rec: Recommender, max_batch: int = 64, max_queue: int = MAX_QUEUE) -> None:
         self.rec, self.max_batch, self.max_queue = rec, max_batch, max_queue
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="seqrec-model")
         self._pending: list[Job] = []
