@@ -90,10 +90,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     overrides = {**recipe_model_settings(pretrained, raw.pop("model", {})), **sets.pop("model")}
     if args.transfer == "adaptor":  # a fresh Transformer is trained, not frozen
         overrides.setdefault("freeze_encoder", False)
-    model_cfg = finetune_config(Path(getattr(args, "from")), setting, overrides)
+    model_cfg = finetune_config(pretrained, setting, overrides)
     raw["model"] = dataclasses.asdict(model_cfg)
     # the pre-trained model's history length unless the config or --set says otherwise
-    raw.setdefault("data", {}).setdefault("max_len", pretrained_max_len(Path(getattr(args, "from"))))
+    raw.setdefault("data", {}).setdefault("max_len", pretrained_max_len(pretrained))
     for section, values in sets.items():
         raw[section] = {**raw.get(section, {}), **values}
     cfg = resolve(raw)
@@ -103,12 +103,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
     if args.setting == "zero-shot" and getattr(cfg.model, "history_bias", None) == "auto":
         # no target event may decide anything: the pre-trained model's own offsets, if it learnt them
-        cfg.model.history_bias = has_history_bias(Path(getattr(args, "from")))
+        cfg.model.history_bias = has_history_bias(pretrained)
     resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
     if args.setting == "zero-shot" and args.transfer != "all":
         raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")
-    model = None if args.setting == "zero-shot" else finetune_model(Path(getattr(args, "from")), data, cfg.model,
-                                                                     cfg.data.max_len, args.transfer)
+    model = None if args.setting == "zero-shot" else finetune_model(pretrained, data, cfg.model, cfg.data.max_len,
+                                                                     args.transfer)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
     cfg.data.dataset = str(data.path)
@@ -116,7 +116,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         from seqrec.train.loop import pick_device
         from seqrec.train.transfer import zero_shot
 
-        results = zero_shot(Path(getattr(args, "from")), data, cfg, run_dir, pick_device(cfg.train.device))
+        results = zero_shot(pretrained, data, cfg, run_dir, pick_device(cfg.train.device))
         print(f"run: {run_dir}  (zero-shot: no training on {data.meta['name']})")
         print_metrics(results)
         return 0

@@ -45,7 +45,7 @@ class Metrics:
     def __init__(self, window: int = 10_000) -> None:
         self.counts: defaultdict[tuple[str, str, int], int] = defaultdict(int)
         self.latencies: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
-        self.total: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # route -> [count, seconds]
+        self.seconds: defaultdict[str, float] = defaultdict(float)  # route -> the latency of all its requests
         self.window = window
         self._lock = threading.Lock()
 
@@ -53,9 +53,7 @@ class Metrics:
         with self._lock:
             self.counts[(method, route, status)] += 1
             self.latencies[route].append(seconds)
-            total = self.total[route]
-            total[0] += 1
-            total[1] += seconds
+            self.seconds[route] += seconds
 
     def render(self, own: dict[str, float]) -> str:
         """Prometheus text exposition: request counts, latency quantiles (recent requests), and the
@@ -65,7 +63,7 @@ class Metrics:
         with self._lock:
             counts = dict(self.counts)
             lat = {route: np.array(v) for route, v in self.latencies.items()}
-            totals = {route: tuple(t) for route, t in self.total.items()}
+            seconds = dict(self.seconds)
         for (method, route, status), n in sorted(counts.items()):
             lines.append(f'seqrec_requests_total{{method="{method}",route="{route}",status="{status}"}} {n}')
         lines += [f"# HELP seqrec_request_latency_seconds Latency per route: quantiles of the last {self.window:,} "
@@ -75,9 +73,9 @@ class Metrics:
             for q in QUANTILES:
                 lines.append(f'seqrec_request_latency_seconds{{route="{route}",quantile="{q}"}} '
                              f"{float(np.quantile(values, q)):.6f}")
-            count, total = totals[route]
-            lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {int(count)}')
-            lines.append(f'seqrec_request_latency_seconds_sum{{route="{route}"}} {total:.6f}')
+            count = sum(n for (_, r, _), n in counts.items() if r == route)
+            lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {count}')
+            lines.append(f'seqrec_request_latency_seconds_sum{{route="{route}"}} {seconds[route]:.6f}')
         for name, value in own.items():
             kind = "counter" if name.endswith("_total") else "gauge"  # Prometheus: counters end in _total
             lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
