@@ -181,10 +181,11 @@ def test_limits_body_size_and_sessions(runs: dict[str, Path]) -> None:
         assert client.post(f"/sessions/{sid}/events", json={"item": "i1"}).status_code == 200
     full = client.post("/sessions/c/events", json={"item": "i1"})
     assert full.status_code == 429 and "too many live sessions" in full.json()["error"]
+    assert 1 <= int(full.headers["retry-after"]) <= 1800  # when the oldest idle session expires
     for _ in range(2):
         client.post("/sessions/a/events", json={"item": "i2"})
     long = client.post("/sessions/a/events", json={"item": "i2"})
-    assert long.status_code == 429 and "3 events" in long.json()["error"]
+    assert long.status_code == 409 and "3 events" in long.json()["error"]  # no retry helps: start a new one
 
 
 def test_health_metrics_and_page(runs: dict[str, Path]) -> None:

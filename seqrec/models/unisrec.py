@@ -36,6 +36,7 @@ from seqrec.nn.features import FeatureBlock
 from seqrec.nn.history import HistoryBias
 from seqrec.nn.init import normal_init
 from seqrec.nn.losses import full_ce
+from seqrec.nn.rows import append_rows
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config, extend_causal
 
 
@@ -112,6 +113,7 @@ class UniSRec(SequentialModel):
                               f"({n_items + 1}, {config.text_dim}); set model.text_dim to the encoder width")
         self.text_emb: torch.Tensor
         self.register_buffer("text_emb", text_emb.float().clone())
+        self._text_store: torch.Tensor | None = None  # what text_emb grows in when items are added
         self.text_mean: torch.Tensor | None  # the catalogue's mean text vector (model.text_centre)
         self.register_buffer("text_mean", torch.zeros(config.text_dim) if config.text_centre else None)
         d = config.d
@@ -269,7 +271,9 @@ class UniSRec(SequentialModel):
         if text_emb.ndim != 2 or text_emb.shape[1] != self.config.text_dim:
             raise SeqrecError(f"new item vectors must be (n, {self.config.text_dim}), got {tuple(text_emb.shape)}")
         first = self.n_items + 1
-        self.text_emb = torch.cat([self.text_emb, text_emb.to(self.text_emb)])
+        # appended after the rows in use, without a copy of the table per call (seqrec.nn.rows)
+        self._text_store = append_rows(self.text_emb, text_emb, self._text_store)
+        self.text_emb = self._text_store[: first + len(text_emb)]
         if self.item_emb is not None:
             old = self.item_emb.weight
             grown = nn.Embedding(old.shape[0] + len(text_emb), old.shape[1], padding_idx=0).to(old)

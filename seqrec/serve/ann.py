@@ -27,11 +27,13 @@ cost it much of its recall on items of unequal norms, while IVF gains from it on
 (benchmarks/retrieval.py, "spaces").
 
 Mutation: `add`, `remove`, `restore` and `update` build a new snapshot of the item tables and
-swap it in; a search reads one snapshot, so readers never see a half-applied change. FAISS
-indexes must not be searched while items are added: searches share a readers' lock, writers
-take it alone (a rebuild is done outside it and only swapped in under it). Removed items and
-replaced vectors are tombstones: their index rows stay, masked out of searches by an
-`IDSelectorBitmap` of the live rows; when a quarter of the rows are dead the index is rebuilt.
+swap it in; a search reads one snapshot, so readers never see a half-applied change (`add`
+writes its rows after those of the current snapshot, in a store that grows by doubling, so it
+does not copy the table). FAISS indexes must not be searched while items are added: searches
+share a readers' lock, writers take it alone (a rebuild is done outside it and only swapped in
+under it). Removed items and replaced vectors are tombstones: their index rows stay, masked out
+of searches by an `IDSelectorBitmap` of the live rows; when a quarter of the rows are dead the
+index is rebuilt over the live items alone, and an item restored after that gets a row again.
 
 Shapes: N items (ids 1..N, 0 = padding, never returned), D width, Q queries, R index rows, k.
 """

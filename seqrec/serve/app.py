@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from importlib import resources
 from typing import Annotated, Any
 
@@ -31,7 +32,7 @@ from seqrec.serve.batcher import MAX_QUEUE, Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
-from seqrec.serve.sessions import SessionLimit, Sessions
+from seqrec.serve.sessions import SessionFull, SessionLimit, Sessions
 
 log = logging.getLogger("seqrec.serve")
 
@@ -167,7 +168,12 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.exception_handler(SessionLimit)
     async def too_many(_: Request, exc: SessionLimit) -> JSONResponse:
-        return _error(429, str(exc))
+        retry = str(max(1, math.ceil(exc.retry_after_s)))  # when the oldest idle session expires
+        return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": retry})
+
+    @app.exception_handler(SessionFull)
+    async def full(_: Request, exc: SessionFull) -> JSONResponse:
+        return _error(409, str(exc))
 
     @app.exception_handler(SeqrecError)
     async def bad_input(_: Request, exc: SeqrecError) -> JSONResponse:

@@ -2,8 +2,9 @@
 
 Item ids only grow (1..N; 0 is padding) and a removed item is a tombstone, so an id a reader
 holds never changes meaning. Writers (add, replace, remove) take `lock`; readers take no lock:
-they read `vectors`, a view of the first N+1 rows of a buffer that grows by doubling, and rows
-are written before N moves past them, so a reader sees a consistent catalogue of some size.
+they read `vectors`, a view of the first N+1 rows of a buffer that grows by doubling
+(`seqrec.nn.rows`), and rows are written before N moves past them, so a reader sees a consistent
+catalogue of some size.
 These vectors live on the model's device, for the exact scores of history items and candidates;
 the retriever keeps its own copy where it searches (the CPU, for FAISS and the exact scorer).
 Shapes: N items, D width.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from seqrec.errors import SeqrecError
+from seqrec.nn.rows import append_rows
 from seqrec.serve.ann import INDEX_KINDS, Retriever, build_retriever
 
 log = logging.getLogger(__name__)
@@ -93,11 +95,9 @@ class Catalogue:
         """New items (raw ids not yet known) with their vectors (n, D) [+ bias (n,)] -> their indices."""
         with self.lock:
             first, n = self._n + 1, len(raws)
-            self._vectors = _grown(self._vectors, first + n)
-            self._vectors[first : first + n] = vectors.to(self._vectors)
+            self._vectors = append_rows(self.vectors, vectors, self._vectors)
             if self._bias is not None:
-                self._bias = _grown(self._bias, first + n)
-                self._bias[first : first + n] = 0.0 if bias is None else bias.to(self._bias)
+                self._bias = append_rows(self._bias[:first], torch.zeros(n) if bias is None else bias, self._bias)
             self.raw_ids.extend(raws)
             self.titles.extend(titles)
             ids = list(range(first, first + n))
@@ -131,12 +131,3 @@ class Catalogue:
                 self.retriever.remove([idx])
                 self.removed.add(idx)
 
-
-def _grown(buffer: torch.Tensor, rows: int) -> torch.Tensor:
-    """`buffer` with room for at least `rows` rows: the same tensor while it fits, else a copy twice as
-    long (so n single appends copy O(n) rows in all, not O(n^2))."""
-    if rows <= buffer.shape[0]:
-        return buffer
-    bigger = buffer.new_zeros((max(rows, 2 * buffer.shape[0]), *buffer.shape[1:]))
-    bigger[: buffer.shape[0]] = buffer
-    return bigger

@@ -92,9 +92,12 @@ class FaissRetriever(Retriever):
         return self._index.index
 
     def _build(self, items: _Items) -> _Index:
-        vb = torch.cat([items.vectors[1:], items.bias[1:].unsqueeze(1)], dim=1)
+        """An index over the items not removed (removed ones come back as appended rows if restored)."""
+        ids = np.flatnonzero(~items.removed.numpy())  # never the padding item 0: removed[0] is True
+        vectors, bias = items.vectors[ids], items.bias[ids]
+        vb = torch.cat([vectors, bias.unsqueeze(1)], dim=1)
         max_norm = math.inf if self.kind == "hnsw" else float(vb.double().norm(dim=1).max())
-        x = item_rows(self.kind, items.vectors[1:], items.bias[1:], max_norm)
+        x = item_rows(self.kind, vectors, bias, max_norm)
         if self.kind == "hnsw":
             index = faiss.IndexHNSWFlat(x.shape[1], self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = self.ef_construction
@@ -105,10 +108,9 @@ class FaissRetriever(Retriever):
             pick = np.sort(np.random.default_rng(self.seed).choice(len(x), n_train, replace=False))
             index.train(x[pick] if n_train < len(x) else x)
         index.add(x)
-        n1 = len(items.vectors)
-        built = _Index(index, max_norm, np.arange(1, n1, dtype=np.int64), np.arange(-1, n1 - 1, dtype=np.int64),
-                       np.zeros(0, dtype=np.uint8), 0)
-        return built.select(items)
+        id_to_row = np.full(len(items.vectors), -1, dtype=np.int64)
+        id_to_row[ids] = np.arange(len(ids))
+        return _Index(index, max_norm, ids.astype(np.int64), id_to_row, np.zeros(0, dtype=np.uint8), 0).select(items)
 
     def _params(self, ix: _Index, fetch: int, widen: int) -> Any:
         """Search parameters for `fetch` results: tombstones masked out; HNSW's candidate list at least
@@ -159,24 +161,32 @@ class FaissRetriever(Retriever):
         return rank(scores, ids, k)
 
     def _commit(self, items: _Items, changed: torch.Tensor) -> None:
+        """New and replaced vectors become rows of the index, and so do restored items a rebuild left out;
+        the index is rebuilt over the live items instead when a vector exceeds the IVF transform's M, or
+        when more than `_DEAD_SHARE` of its rows would be dead (replaced or removed items), so that heavy
+        deletions do not leave searches wading through tombstones."""
         ix = self._index
-        fresh = items.vectors[changed], items.bias[changed]
+        removed = items.removed.numpy()
+        has_row = np.zeros(len(removed), dtype=bool)
+        has_row[: len(ix.id_to_row)] = ix.id_to_row >= 0
+        rows_for = torch.from_numpy(np.union1d(changed.numpy(), np.flatnonzero(~has_row & ~removed)))
+        fresh = items.vectors[rows_for], items.bias[rows_for]
         norms = torch.cat([fresh[0], fresh[1].unsqueeze(1)], dim=1).double().norm(dim=1)
-        dead = len(ix.row_to_id) + len(changed) - len(items.vectors) + 1
-        if len(changed) and float(norms.max()) > ix.max_norm * (1 + _NORM_SLACK):
+        n_rows, n_live = len(ix.row_to_id) + len(rows_for), int((~removed).sum())
+        if n_live and len(rows_for) and float(norms.max()) > ix.max_norm * (1 + _NORM_SLACK):
             log.info("%s index: an item of norm %.4g exceeds M = %.4g; rebuilding", self.kind,
                      float(norms.max()), ix.max_norm)
             self._rebuild(items)
-        elif dead > _DEAD_SHARE * (len(ix.row_to_id) + len(changed)):
-            log.info("%s index: %d of %d rows are replaced vectors; rebuilding", self.kind, dead,
-                     len(ix.row_to_id) + len(changed))
+        elif n_live and n_rows - n_live > _DEAD_SHARE * n_rows:
+            log.info("%s index: %d of %d rows are replaced or removed items; rebuilding over the %d live ones",
+                     self.kind, n_rows - n_live, n_rows, n_live)
             self._rebuild(items)
         else:
-            self._append(items, changed, item_rows(self.kind, *fresh, ix.max_norm))
+            self._append(items, rows_for, item_rows(self.kind, *fresh, ix.max_norm))
 
     def _rebuild(self, items: _Items) -> None:
         if self.kind == "ivf":
-            self._size_ivf(len(items.vectors) - 1)
+            self._size_ivf(int((~items.removed).sum()))
         built = self._build(items)  # readers go on with the old index meanwhile
         with self._lock.write():
             self._items, self._index = items, built

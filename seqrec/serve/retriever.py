@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from seqrec.errors import SeqrecError
+from seqrec.nn.rows import append_rows
 
 _CHUNK = 1 << 24  # exact search scores at most this many (query, item) pairs at once (64 MiB)
 
@@ -103,6 +104,8 @@ class Retriever(ABC):
 
     def __init__(self, vectors: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self._items = _Items.make(vectors, bias)
+        # the stores the items' vectors and bias grow in (seqrec.nn.rows)
+        self._store: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._writer = threading.Lock()  # one mutation at a time; readers are never blocked by it
 
     @property
@@ -134,11 +137,13 @@ class Retriever(ABC):
         """Append items (n, D) [+ bias (n,), zeros if None]; they get ids N+1..N+n (returned)."""
         with self._writer:
             old = self._items
-            n = len(vectors)
+            n, m = len(vectors), len(old.vectors)
             v, b = _rows(vectors, bias, n, self.dim)
-            new = _Items(torch.cat([old.vectors, v]), torch.cat([old.bias, b]),
+            # appended in place after the rows a snapshot holds (seqrec.nn.rows): no copy of the table per add
+            self._store = (append_rows(old.vectors, v, self._store[0]), append_rows(old.bias, b, self._store[1]))
+            new = _Items(self._store[0][: m + n], self._store[1][: m + n],
                          torch.cat([old.removed, torch.zeros(n, dtype=torch.bool)]))
-            ids = range(len(old.vectors), len(new.vectors))
+            ids = range(m, m + n)
             self._commit(new, torch.arange(ids.start, ids.stop))
         return ids
 

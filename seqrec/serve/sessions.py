@@ -33,7 +33,15 @@ from seqrec.serve.recommender import NOTHING_LEFT, Recommendation, Recommender
 
 
 class SessionLimit(SeqrecError):
-    """Too many sessions, or a session too long."""
+    """Too many live sessions (the service answers 429, Retry-After when the oldest idle one expires)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SessionFull(SeqrecError):
+    """A session has reached its length bound (409: it takes no more events; start a new one)."""
 
 
 @dataclass
@@ -87,8 +95,10 @@ class Sessions:
                 if not create:
                     raise KeyError(sid)
                 if len(self._sessions) >= self.max_sessions:
+                    oldest = next(iter(self._sessions.values())).touched if self._sessions else now
                     raise SessionLimit(f"too many live sessions ({self.max_sessions}); "
-                                       "end one (DELETE /sessions/{id}) or wait for idle ones to expire")
+                                       "end one (DELETE /sessions/{id}) or wait for idle ones to expire",
+                                       retry_after_s=oldest + self.ttl_s - now)
                 session = self._sessions[sid] = Session()
             session.touched = now
             self._sessions.move_to_end(sid)
@@ -126,7 +136,7 @@ class Sessions:
         session = self._get(sid, create=True)
         with session.lock:
             if len(session.items) >= self.max_events:
-                raise SessionLimit(f"session {sid!r} has reached {self.max_events} events; start a new one")
+                raise SessionFull(f"session {sid!r} has reached {self.max_events} events; start a new one")
             # the session changes only once the model has run
             items = [*session.items, idx]
             times = [*session.times, math.nan if time_s is None else float(time_s)]
