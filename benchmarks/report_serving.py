@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common import load_result
 from tables import (
     header,
 )
@@ -58,7 +59,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
     live_met = [f"{r.get('index', 'exact')}, {r.get('engine', 'torch')}" for r in lives
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
-              + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."), "",
+              + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
+              *_live_before_after(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():
@@ -66,6 +68,40 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                      f"{r['encoder_kv_cache']:.2f} | {r['encoder_re_encode']:.2f} | {r['encoder_speedup']:.1f}× |")
     lines += ["", "An event's time includes the exact top-10 over the whole catalogue, which the cache does not "
               "change; the model-alone columns show what the cache saves."]
+    return lines
+
+
+# the same live-catalogue measurement at two commits, one after the other on one day: results files
+# serve_load_live_<commit>.json written by `serve_load.py --parts live --out ...` at each
+LIVE_AB = (("ef2717e", "each add copies the tables (torch.cat)"),
+           ("97730dc", "rows appended into stores that grow by doubling"))
+RECOMMEND_RERUN = "serve_load_recommend_rerun_640efd6.json"  # the /recommend part again, the same day
+
+
+def _live_before_after() -> list[str]:
+    runs = [(commit, what, load_result(f"serve_load_live_{commit}.json")) for commit, what in LIVE_AB]
+    if any(d is None for _, _, d in runs):
+        return []
+    rerun = load_result(RECOMMEND_RERUN)
+    slower = ""
+    if rerun:
+        r = rerun["recommend"]["ivf, onnx engine"]["8"]
+        slower = (f" (the code that measured the /recommend table above, commit {rerun['machine']['commit']}, run "
+                  f"again that day: ivf with the onnx engine at concurrency 8, {r['requests_per_s']:.0f} requests/s, "
+                  f"p50 {r['p50_ms']:.1f} ms; file `results/{RECOMMEND_RERUN}`)")
+    lines = ["", "Adding items without copying the tables: the live-catalogue measurement above at the commit "
+             "before the change and at the change, run one after the other on one day. This machine served "
+             f"slower that day than when the tables above were measured{slower}, so compare these rows with "
+             "each other. Files: " + ", ".join(f"`results/serve_load_live_{c}.json`" for c, _, _ in runs) + ".", "",
+             *header(["commit", "POST /items", "index, engine", "POST /items p50 ms", "p99 ms", "failed",
+                      "/recommend requests/s meanwhile", "p50 ms"])]
+    for commit, what, d in runs:
+        for key in ("live", "live_ivf_onnx"):
+            r = d[key]
+            load = r["load_during_adds"]
+            lines.append(f"| {commit} | {what} | {r['index']}, {r['engine']} | {r['post_ms_p50']:.1f} | "
+                         f"{r['post_ms_p99']:.1f} | {r['add_failures'] + load['failed']} | "
+                         f"{load['requests_per_s']:.0f} | {load['p50_ms']:.1f} |")
     return lines
 
 
