@@ -313,6 +313,7 @@ SERVE = [
     case("serve-negative-threads", "serve {sasrec} --threads -1", "--threads"),
     case("serve-no-sessions", "serve {sasrec} --max-sessions 0", "--max-sessions"),
     case("serve-zero-ttl", "serve {sasrec} --session-ttl 0", "--session-ttl"),
+    case("serve-infinite-ttl", "serve {sasrec} --session-ttl inf", "--session-ttl"),
     case("serve-no-body", "serve {sasrec} --max-body-bytes 0", "--max-body-bytes"),
     case("serve-no-queue", "serve {sasrec} --max-queue 0", "--max-queue"),
     case("serve-truncated-weights", "serve {tmp}/run --port 8765", "model.safetensors", run_copy(truncate)),

@@ -223,3 +223,58 @@ def test_adding_items_one_at_a_time_does_not_copy_the_tables(runs: dict[str, Pat
     want = encode_texts(["a brand new item number 7"], model.config.text_options(), encoder=rec.text_encoder())
     row = rec.catalogue.index["new7"]
     torch.testing.assert_close(model.text_emb[row], want[0].to(model.text_emb), atol=1e-6, rtol=0)
+
+
+def test_a_catalogue_append_with_mismatched_rows_changes_nothing() -> None:
+    """Catalogue.append wrote every vector it was given and counted the ids: 3 vectors for 2 ids put the
+    retriever one item ahead of the catalogue, and every later id pointed at the wrong item."""
+    import torch
+
+    from seqrec.errors import SeqrecError
+    from seqrec.serve.catalogue import Catalogue
+
+    cat = Catalogue(["a", "b"], ["A", "B"], torch.randn(3, 4), None)
+    with pytest.raises(SeqrecError, match="2 ids, 2 titles, 3 vectors"):
+        cat.append(["e", "f"], ["E", "F"], torch.randn(3, 4), None)
+    assert cat.n_items == cat.retriever.n_items == 2
+    assert cat.append(["g"], ["G"], torch.randn(1, 4), None) == [3] and cat.retriever.n_items == 3
+
+
+def test_an_add_after_a_replacement_does_not_copy_the_table_again() -> None:
+    import torch
+
+    from seqrec.serve.ann import build_retriever
+
+    r = build_retriever("exact", torch.randn(101, 8))
+    r.update([5], torch.randn(1, 8))
+    after_update = r._items.vectors.data_ptr()
+    r.add(torch.randn(1, 8))
+    assert r._items.vectors.data_ptr() == after_update  # the update's copy has room for the add
+
+
+def test_an_ivf_index_that_shrank_grows_its_lists_again() -> None:
+    """Heavy deletions rebuild IVF over the few live items (few lists); items added afterwards only joined
+    those lists, so a catalogue that shrank and grew back was searched as one flat list."""
+    import torch
+
+    from seqrec.serve.ann import build_retriever
+
+    g = torch.Generator().manual_seed(0)
+    r = build_retriever("ivf", torch.randn(4001, 16, generator=g))
+    lists_at_start = r.n_lists
+    r.remove(list(range(1, 3951)))
+    small = r.n_lists
+    assert small < lists_at_start
+    for _ in range(8):
+        r.add(torch.randn(500, 16, generator=g) * 0.5)  # small norms: no rebuild for the transform's M
+    assert r.n_lists > small and r.index.nlist == r.n_lists, (small, r.n_lists)
+
+
+def test_too_many_sessions_with_no_expiry_is_a_429_not_a_500(runs: dict[str, Path]) -> None:
+    """Retry-After was computed from the idle time, which an infinite ttl made math.ceil(inf): a 500."""
+    import math
+
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"]), max_sessions=1, session_ttl_s=math.inf))
+    assert client.post("/sessions/a/events", json={"item": "i1"}).status_code == 200
+    full = client.post("/sessions/b/events", json={"item": "i1"})
+    assert full.status_code == 429 and "retry-after" not in full.headers

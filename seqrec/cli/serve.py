@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -81,8 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, 1)):
         if value < least:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
-    if not args.session_ttl > 0:
-        raise SeqrecError(f"--session-ttl must be > 0 seconds, got {args.session_ttl}")
+    if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
+        raise SeqrecError(f"--session-ttl must be a finite number of seconds > 0, got {args.session_ttl}")
     run = _zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,

@@ -288,6 +288,7 @@ class UniSRec(SequentialModel):
     def drop_items_from(self, first: int) -> None:
         """Undo `add_items`: keep the items before index `first` only."""
         self.text_emb = self.text_emb[:first].clone()
+        self._text_store = None
         if self.item_emb is not None:
             kept = nn.Embedding(first, self.item_emb.weight.shape[1], padding_idx=0).to(self.item_emb.weight)
             kept.weight.copy_(self.item_emb.weight[:first])

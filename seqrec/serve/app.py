@@ -168,8 +168,9 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.exception_handler(SessionLimit)
     async def too_many(_: Request, exc: SessionLimit) -> JSONResponse:
-        retry = str(max(1, math.ceil(exc.retry_after_s)))  # when the oldest idle session expires
-        return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": retry})
+        wait = exc.retry_after_s  # when the oldest idle session expires (never, with an infinite ttl)
+        retry = {"Retry-After": str(max(1, math.ceil(wait)))} if math.isfinite(wait) else None
+        return JSONResponse({"error": str(exc)}, status_code=429, headers=retry)
 
     @app.exception_handler(SessionFull)
     async def full(_: Request, exc: SessionFull) -> JSONResponse:

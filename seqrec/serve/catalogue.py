@@ -93,8 +93,12 @@ class Catalogue:
     def append(self, raws: Sequence[str], titles: Sequence[str | None], vectors: torch.Tensor,
                bias: torch.Tensor | None) -> list[int]:
         """New items (raw ids not yet known) with their vectors (n, D) [+ bias (n,)] -> their indices."""
+        n = len(raws)
+        if len(titles) != n or len(vectors) != n or (bias is not None and len(bias) != n):
+            raise SeqrecError(f"append: {n} ids, {len(titles)} titles, {len(vectors)} vectors"
+                              + ("" if bias is None else f" and {len(bias)} biases") + ": they must match")
         with self.lock:
-            first, n = self._n + 1, len(raws)
+            first = self._n + 1
             self._vectors = append_rows(self.vectors, vectors, self._vectors)
             if self._bias is not None:
                 self._bias = append_rows(self._bias[:first], torch.zeros(n) if bias is None else bias, self._bias)

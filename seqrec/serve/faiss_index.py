@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 faiss: Any = importlib.import_module("faiss")  # typed as Any: the SWIG module's own annotations are wrong
 
 _DEAD_SHARE = 0.25  # rebuild a FAISS index when this share of its rows are tombstones
+_GROWTH = 4  # rebuild an IVF index grown to this many times the items it was built over (its lists too few)
 # an added item may exceed the IVF transform's M by this share before the index is rebuilt: rounding
 # alone puts unit vectors a hair over it, and a row a hair long only loses a little as a candidate (the
 # candidates are rescored exactly)
@@ -37,6 +38,7 @@ class _Index:
     id_to_row: np.ndarray  # (N+1,) int64: each item's current row (-1: none)
     live: np.ndarray  # (R,) uint8 bitmap (little-endian bits) of the rows searches may return
     n_live: int
+    n_built: int = 0  # the items it was built over (an IVF index that grows past GROWTH times that is rebuilt)
 
     def select(self, items: _Items) -> _Index:
         """Recompute the live rows: an item's current row, unless the item is removed."""
@@ -110,7 +112,8 @@ class FaissRetriever(Retriever):
         index.add(x)
         id_to_row = np.full(len(items.vectors), -1, dtype=np.int64)
         id_to_row[ids] = np.arange(len(ids))
-        return _Index(index, max_norm, ids.astype(np.int64), id_to_row, np.zeros(0, dtype=np.uint8), 0).select(items)
+        return _Index(index, max_norm, ids.astype(np.int64), id_to_row, np.zeros(0, dtype=np.uint8), 0,
+                      len(ids)).select(items)
 
     def _params(self, ix: _Index, fetch: int, widen: int) -> Any:
         """Search parameters for `fetch` results: tombstones masked out; HNSW's candidate list at least
@@ -164,7 +167,8 @@ class FaissRetriever(Retriever):
         """New and replaced vectors become rows of the index, and so do restored items a rebuild left out;
         the index is rebuilt over the live items instead when a vector exceeds the IVF transform's M, or
         when more than `_DEAD_SHARE` of its rows would be dead (replaced or removed items), so that heavy
-        deletions do not leave searches wading through tombstones."""
+        deletions do not leave searches wading through tombstones, and (IVF) when the live items have
+        grown to `_GROWTH` times those it was built over, so that its lists grow with the catalogue."""
         ix = self._index
         removed = items.removed.numpy()
         has_row = np.zeros(len(removed), dtype=bool)
@@ -176,6 +180,10 @@ class FaissRetriever(Retriever):
         if n_live and len(rows_for) and float(norms.max()) > ix.max_norm * (1 + _NORM_SLACK):
             log.info("%s index: an item of norm %.4g exceeds M = %.4g; rebuilding", self.kind,
                      float(norms.max()), ix.max_norm)
+            self._rebuild(items)
+        elif self.kind == "ivf" and n_live > _GROWTH * max(ix.n_built, 1):
+            log.info("ivf index: %d live items, built over %d; rebuilding with lists for the catalogue it is now",
+                     n_live, ix.n_built)
             self._rebuild(items)
         elif n_live and n_rows - n_live > _DEAD_SHARE * n_rows:
             log.info("%s index: %d of %d rows are replaced or removed items; rebuilding over the %d live ones",

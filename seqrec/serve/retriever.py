@@ -171,7 +171,9 @@ class Retriever(ABC):
             if len(torch.unique(t)) != len(t):
                 raise SeqrecError("update: an id is given twice")
             v, b = _rows(vectors, bias, len(t), self.dim)
-            vecs, bs = old.vectors.clone(), old.bias.clone()
+            # a copy (readers keep the old rows), into stores with room: the next add does not copy again
+            self._store = (append_rows(old.vectors, v[:0]), append_rows(old.bias, b[:0]))
+            vecs, bs = self._store[0][: len(old.vectors)], self._store[1][: len(old.bias)]
             vecs[t] = v
             if bias is not None:
                 bs[t] = b
