@@ -278,3 +278,19 @@ def test_too_many_sessions_with_no_expiry_is_a_429_not_a_500(runs: dict[str, Pat
     assert client.post("/sessions/a/events", json={"item": "i1"}).status_code == 200
     full = client.post("/sessions/b/events", json={"item": "i1"})
     assert full.status_code == 429 and "retry-after" not in full.headers
+
+
+def test_a_replaced_item_does_not_change_the_snapshot_readers_search() -> None:
+    """The retriever searched the catalogue's own vector table, so Catalogue.replace wrote the new vector
+    into the snapshot readers were searching before the retriever's update swapped in its new one."""
+    import torch
+
+    from seqrec.serve.catalogue import Catalogue
+
+    vectors = torch.randn(4, 8)
+    cat = Catalogue(["a", "b", "c"], ["A", "B", "C"], vectors, None)
+    before = cat.retriever._items
+    kept = before.vectors[2].clone()
+    cat.replace([2], ["B2"], torch.randn(1, 8))
+    assert torch.equal(before.vectors[2], kept)  # a reader still on the old snapshot sees the old vector
+    torch.testing.assert_close(cat.retriever._items.vectors[2], cat.vectors[2])  # the new one has the new

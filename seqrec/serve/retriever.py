@@ -34,7 +34,9 @@ class _Items:
         if vectors.dim() != 2 or len(vectors) < 2:
             raise SeqrecError(f"item vectors must be (N+1, D) with N >= 1, got {tuple(vectors.shape)}")
         v, b = _rows(vectors, bias, len(vectors), vectors.shape[1])
-        return _Items(v, b, torch.arange(len(v)) == 0)
+        # its own copy: a caller writing into the tensors it passed (a catalogue replacing an item's
+        # vector) would otherwise change a snapshot that readers are searching
+        return _Items(v.clone(), b.clone(), torch.arange(len(v)) == 0)
 
     def check_ids(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         t = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
