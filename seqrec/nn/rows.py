@@ -18,16 +18,13 @@ def append_rows(table: torch.Tensor, rows: torch.Tensor, store: torch.Tensor | N
     since replaced, moved or cloned) and it has room; else a new store twice as long (or just long
     enough) gets a copy of `table`."""
     n, m = len(table), len(rows)
-    if not (_first_rows_of(table, store) and n + m <= store.shape[0]):  # type: ignore[union-attr]
-        fresh = table.new_zeros((max(n + m, 2 * n), *table.shape[1:]))
-        fresh[:n] = table
-        store = fresh
-    assert store is not None
+    if store is None or not _first_rows_of(table, store) or n + m > len(store):
+        store = table.new_zeros((max(n + m, 2 * n), *table.shape[1:]))
+        store[:n] = table
     store[n : n + m] = rows.to(store)
     return store
 
 
-def _first_rows_of(table: torch.Tensor, store: torch.Tensor | None) -> bool:
-    return (store is not None and table.device == store.device and table.dtype == store.dtype
-            and table.data_ptr() == store.data_ptr() and table.shape[1:] == store.shape[1:]
-            and table.is_contiguous() and len(table) <= len(store))
+def _first_rows_of(table: torch.Tensor, store: torch.Tensor) -> bool:
+    return (table.device == store.device and table.dtype == store.dtype and table.data_ptr() == store.data_ptr()
+            and table.shape[1:] == store.shape[1:] and table.is_contiguous())
