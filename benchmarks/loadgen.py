@@ -32,6 +32,7 @@ class LoadResult:
                 "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
                 "p90_ms": float(np.percentile(lat, 90)) if len(lat) else float("nan"),
                 "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+                "max_ms": float(lat.max()) if len(lat) else float("nan"),
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())}}
 
 

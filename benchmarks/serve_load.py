@@ -10,6 +10,10 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
                 and the time from each POST until the item is returned by the index (GET /similar of
                 the catalogue item whose text it copies: the same text is the same vector); exact
                 top-k with PyTorch, and the IVF index with the onnx engine
+    deletes     30,000 items removed one at a time (DELETE /items/{id}) from a SASRec service on an
+                HNSW and an IVF index while /recommend load runs at concurrency 8: the latency of the
+                DELETEs (past a quarter of the index's rows dead, the index is rebuilt over the live
+                items) and of /recommend meanwhile, and how many rebuilds the service logged
     sessions    time per session event with the KV cache against re-encoding the history, at
                 history length 10, 50 and 200 (in process, 1 thread, exact top-10 over 100k items),
                 and the model's part alone (one cached step against encoding the whole history)
@@ -42,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
-from benchmarks.loadgen import call, request_bytes, run_load
+from benchmarks.loadgen import call, read_response, request_bytes, run_load
 from seqrec.models.sasrec import SASRec, SASRecConfig
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
 from seqrec.serve import Recommender
@@ -127,7 +131,9 @@ class Server:
 ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine", "ivf", "onnx"))
 # live-catalogue rows (UniSRec): results key, --index, --engine
 LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
-PARTS = ("recommend", "live", "sessions")
+# deletion rows: (results key, --index)
+DELETE_ROWS = (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf"))
+PARTS = ("recommend", "live", "deletes", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -199,6 +205,43 @@ def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_request
         server.stop()
 
 
+async def _deletes(port: int, n_items: int, n_delete: int, cap: float) -> dict[str, Any]:
+    bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items, 2)]
+    done = False
+    load = asyncio.create_task(run_load("127.0.0.1", port, bodies, 8, 10_000_000, cap, stop=lambda: done))
+    gone = np.random.default_rng(0).permutation(np.arange(1, n_items + 1))[:n_delete]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)  # one keep-alive connection for them all
+    delete_ms, failures, t0 = [], 0, time.perf_counter()
+    try:
+        for i in gone:
+            t = time.perf_counter()
+            writer.write(request_bytes("DELETE", f"/items/i{i}", None))
+            status, _ = await read_response(reader)
+            delete_ms.append((time.perf_counter() - t) * 1e3)
+            failures += status != 200
+            if time.perf_counter() - t0 > cap:
+                break
+    finally:
+        writer.close()
+    done = True
+    d = np.array(delete_ms)
+    return {"deleted": len(d), "delete_failures": failures, "delete_ms_p50": float(np.median(d)),
+            "delete_ms_p99": float(np.percentile(d, 99)), "delete_ms_max": float(d.max()),
+            "delete_ms_over_100": int((d > 100).sum()), "load_during_deletes": (await load).summary()}
+
+
+def bench_deletes(run: Path, n_items: int, n_delete: int, cap: float, index: str) -> dict[str, Any]:
+    log = WORK / "serve" / f"deletes-{index}.log"
+    server = Server(run, log, index=index)
+    try:
+        out = {"index": index, **asyncio.run(_deletes(server.port, n_items, n_delete, cap))}
+    finally:
+        server.stop()
+    out["rebuilds_logged"] = sum("rebuilding" in line for line in log.read_text().splitlines())
+    print(f"deletions ({index}): {out}", flush=True)
+    return out
+
+
 def bench_sessions(n_items: int, lengths: tuple[int, ...], repeats: int) -> dict[str, Any]:
     """Per event at history length L: the cached step against re-encoding the L items (both + top-10)."""
     torch.set_num_threads(1)
@@ -266,6 +309,10 @@ def main() -> None:
         build_unisrec(unisrec_run, n_items, titles)
         for key, index, engine in LIVE_ROWS:
             results[key] = bench_live(unisrec_run, n_items, titles, n_add, 1_000_000, 600.0, index, engine)
+    if "deletes" in args.parts:
+        build_sasrec(sasrec_run, n_items, 50)
+        for key, index in DELETE_ROWS:
+            results[key] = bench_deletes(sasrec_run, n_items, 600 if args.tiny else 30_000, 600.0, index)
     if "sessions" in args.parts:
         results["sessions"] = bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200),
                                              3 if args.tiny else 20)
