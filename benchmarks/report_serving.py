@@ -60,7 +60,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_live_before_after(), "",
+              *_live_before_after(), *_deletes_before_after(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():
@@ -76,6 +76,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
 LIVE_AB = (("ef2717e", "each add copies the tables (torch.cat)"),
            ("97730dc", "rows appended into stores that grow by doubling"))
 RECOMMEND_RERUN = "serve_load_recommend_rerun_640efd6.json"  # the /recommend part again, the same day
+# the deletion measurement at two commits, the same way: serve_load_deletes_<commit>.json
+DELETE_AB = (("1b5ca61", "inside the DELETE"), ("HEAD", "in the background"))
 
 
 def _live_before_after() -> list[str]:
@@ -102,6 +104,31 @@ def _live_before_after() -> list[str]:
             lines.append(f"| {commit} | {what} | {r['index']}, {r['engine']} | {r['post_ms_p50']:.1f} | "
                          f"{r['post_ms_p99']:.1f} | {r['add_failures'] + load['failed']} | "
                          f"{load['requests_per_s']:.0f} | {load['p50_ms']:.1f} |")
+    return lines
+
+
+def _deletes_before_after() -> list[str]:
+    runs = [(commit, what, load_result(f"serve_load_deletes_{commit}.json")) for commit, what in DELETE_AB]
+    runs = [(c, w, d) for c, w, d in runs if d is not None]
+    if not runs:
+        return []
+    n = runs[0][2]["n_items"]
+    lines = ["", f"Deleting items: {n:,}-item SASRec services, DELETE /items one item at a time on one connection "
+             "while /recommend runs at concurrency 8 (the index named in the row serves both); past a quarter of the "
+             "index's rows dead the index is rebuilt over the live items, inside the DELETE that made it due or in "
+             "a background thread. The commits ran one after the other on one day (`serve_load.py --parts deletes "
+             "--out ...`); files: " + ", ".join(f"`results/serve_load_deletes_{c}.json`" for c, _, _ in runs) + ".",
+             "", *header(["commit", "rebuild", "index", "DELETEs", "failed", "DELETE p50 ms", "p99 ms", "max ms",
+                          "over 100 ms", "rebuilds logged", "/recommend requests/s meanwhile", "p50 ms", "p99 ms",
+                          "max ms", "failed"])]
+    for commit, what, d in runs:
+        for key in ("deletes_hnsw", "deletes_ivf"):
+            r = d[key]
+            load = r["load_during_deletes"]
+            lines.append(f"| {commit} | {what} | {r['index']} | {r['deleted']:,} | {r['delete_failures']} | "
+                         f"{r['delete_ms_p50']:.1f} | {r['delete_ms_p99']:.1f} | {r['delete_ms_max']:,.0f} | "
+                         f"{r['delete_ms_over_100']} | {r['rebuilds_logged']} | {load['requests_per_s']:.0f} | "
+                         f"{load['p50_ms']:.1f} | {load['p99_ms']:.1f} | {load['max_ms']:,.0f} | {load['failed']} |")
     return lines
 
 

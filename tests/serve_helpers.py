@@ -3,7 +3,10 @@ model, so items can be added by text), trained for a few epochs on the generated
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+
+import pytest
 
 from seqrec.cli import main
 from seqrec.data.prepare import PrepareOptions, prepare
@@ -34,3 +37,20 @@ def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec"), 
         assert code == 0, f"training the tiny {name} run failed"
         out[name] = root / name
     return out
+
+
+def hold_rebuilds(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """FAISS index rebuilds in the background wait (before building) until the returned event is set; the
+    first build of an index does not."""
+    from seqrec.serve.ann import FaissRetriever
+
+    release = threading.Event()
+    build = FaissRetriever._build
+
+    def held_build(self, items, n_lists):  # type: ignore[no-untyped-def]
+        if threading.current_thread() is self._builder:
+            assert release.wait(60), "the test never released the rebuild"
+        return build(self, items, n_lists)
+
+    monkeypatch.setattr(FaissRetriever, "_build", held_build)
+    return release

@@ -15,6 +15,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
 from seqrec.serve.ann import INDEX_KINDS, FaissRetriever, Retriever, build_retriever, default_n_lists
 from tests.bench_helpers import run_benchmark
+from tests.serve_helpers import hold_rebuilds
 
 ROOT = Path(__file__).resolve().parents[1]
 ANN_KINDS = ("hnsw", "ivf")
@@ -176,7 +177,9 @@ def test_fewer_reachable_items_than_k_pad_with_minus_inf_and_zero(kind: str) -> 
     assert 6 not in ids[0].tolist() and sorted(ids[1, :15].tolist()) == list(range(6, 21))
 
 
-def test_ivf_is_rebuilt_when_an_item_exceeds_the_largest_norm(caplog: pytest.LogCaptureFixture) -> None:
+def test_ivf_is_rebuilt_when_an_item_exceeds_the_largest_norm(caplog: pytest.LogCaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    release = hold_rebuilds(monkeypatch)
     x, b = clustered(n=1000)
     r = build_retriever("ivf", x, b, n_probe=4)
     assert isinstance(r, FaissRetriever)
@@ -186,9 +189,11 @@ def test_ivf_is_rebuilt_when_an_item_exceeds_the_largest_norm(caplog: pytest.Log
         assert "rebuilding" not in caplog.text
         r.add(q[:1] * 50, torch.tensor([0.0]))  # longer than every item: the transform needs a new M
     assert "rebuilding" in caplog.text
-    assert r.index.ntotal == 1002
-    _, ids = r.search(q[:1], 1)
-    assert ids.tolist() == [[1002]]
+    _, ids = r.search(q[:1], 1)  # while the rebuild waits: scored exactly beside the index
+    assert ids.tolist() == [[1002]] and r.rebuilding and r.index.ntotal == 1001
+    release.set()
+    assert r.wait(60)
+    assert r.index.ntotal == 1002 and r.search(q[:1], 1)[1].tolist() == [[1002]]
 
 
 def test_searches_run_while_items_are_added() -> None:

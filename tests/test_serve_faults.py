@@ -14,7 +14,7 @@ import pytest
 from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
 from seqrec.serve.metrics import Metrics
-from tests.serve_helpers import train_tiny_runs
+from tests.serve_helpers import hold_rebuilds, train_tiny_runs
 
 fastapi = pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -109,6 +109,7 @@ def test_ivf_rebuilt_after_growth_keeps_its_recall() -> None:
     grown = build_retriever("ivf", start)
     added = torch.randn(4000, 16, generator=g) * 1.5  # larger norms: the index is rebuilt for the new M
     grown.add(added)
+    assert grown.wait(60)
     everything = torch.cat([start, added])
     exact, fresh = build_retriever("exact", everything), build_retriever("ivf", everything)
     queries = torch.randn(200, 16, generator=g)
@@ -186,6 +187,7 @@ def test_heavy_deletions_rebuild_the_index_over_the_live_items(kind: str) -> Non
     for lo in range(0, len(gone), 100):  # as DELETE /items does it: a few at a time
         r.remove(gone[lo : lo + 100])
         exact.remove(gone[lo : lo + 100])
+    assert r.wait(60)
     assert r.index.ntotal < 400, r.index.ntotal  # rebuilt: most dead rows are gone from the index
     q = torch.randn(50, 16, generator=g)
     assert torch.equal(r.search(q, 10)[1], exact.search(q, 10)[1])
@@ -263,10 +265,12 @@ def test_an_ivf_index_that_shrank_grows_its_lists_again() -> None:
     r = build_retriever("ivf", torch.randn(4001, 16, generator=g))
     lists_at_start = r.n_lists
     r.remove(list(range(1, 3951)))
+    assert r.wait(60)
     small = r.n_lists
     assert small < lists_at_start
     for _ in range(8):
         r.add(torch.randn(500, 16, generator=g) * 0.5)  # small norms: no rebuild for the transform's M
+    assert r.wait(60)
     assert r.n_lists > small and r.index.nlist == r.n_lists, (small, r.n_lists)
 
 
@@ -294,3 +298,63 @@ def test_a_replaced_item_does_not_change_the_snapshot_readers_search() -> None:
     cat.replace([2], ["B2"], torch.randn(1, 8))
     assert torch.equal(before.vectors[2], kept)  # a reader still on the old snapshot sees the old vector
     torch.testing.assert_close(cat.retriever._items.vectors[2], cat.vectors[2])  # the new one has the new
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_a_rebuild_runs_in_the_background_and_keeps_the_changes_made_meanwhile(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deletion that left a quarter of the index's rows dead rebuilt the index inside that DELETE (on a
+    million-item HNSW index, a request of over a minute, and every other change waited behind it). Now the
+    rebuild runs beside the service: the call returns at once, searches stay exact on the live items while it
+    builds, and what changed meanwhile (adds, removals, replacements, restores) is in the index swapped in."""
+    import torch
+
+    from seqrec.serve.ann import build_retriever
+
+    release = hold_rebuilds(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 16, generator=g)
+    r, exact = build_retriever(kind, x), build_retriever("exact", x)
+    both = (r, exact)
+    for ret in both:
+        ret.remove(list(range(1, 700)))  # 699 of 1,999 rows dead: past a quarter
+    assert r.rebuilding and r.index.ntotal == 1999  # the call returned while the rebuild waits
+    # a new vector unlike the old one (a rebuild that kept the old row would not find it), and (IVF) too
+    # long for the transform's M: scored beside the index until a rebuild with a new M
+    moved = torch.randn(1, 16, generator=g) * 10
+    added = torch.randn(5, 16, generator=g)
+    for ret in both:
+        ret.add(added)  # ids 2000..2004
+        ret.remove([800, 801, 2004])  # 2004: added and removed during the build
+        ret.update([900], moved)
+        ret.restore([3])
+    q = torch.cat([torch.randn(50, 16, generator=g), moved, x[3:4], added])
+    want = exact.search(q, 10)[1]
+    assert want[50, 0] == 900 and 3 in want[51] and 2000 in want[52] and 2004 not in want
+    assert torch.equal(r.search(q, 10)[1], want)
+    release.set()
+    assert r.wait(60) and not r.rebuilding
+    assert r.index.ntotal < 1500, r.index.ntotal  # rebuilt over the live items
+    assert torch.equal(r.search(q, 10)[1], want)
+
+
+def test_a_delete_that_makes_a_rebuild_due_answers_while_it_builds(runs: dict[str, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over HTTP: the DELETE that leaves a quarter of the HNSW index dead answers while the rebuild is held,
+    /health says so, /recommend never returns a deleted item meanwhile, and the rebuild lands afterwards."""
+    release = hold_rebuilds(monkeypatch)
+    rec = Recommender.from_run(runs["sasrec"])
+    retriever = rec.use_index("hnsw")
+    client = TestClient(create_app(rec))
+    for j in range(1, 10):  # the 8th leaves 8 of 30 rows dead and starts the rebuild; the 9th comes during it
+        assert client.delete(f"/items/i{j}").status_code == 200
+    assert client.get("/health").json()["index_rebuilding"] is True
+    assert "seqrec_index_rebuilding 1" in client.get("/metrics").text
+    body = {"history": ["i12", "i13"], "k": 21}
+    top = client.post("/recommend", json=body).json()["items"]
+    assert {r["item"] for r in top} == {"i0", *(f"i{j}" for j in range(10, 30))}
+    release.set()
+    assert retriever.wait(60)
+    # rebuilt over the 22 items live when it started; the 9th deletion is a dead row of it
+    assert client.get("/health").json()["index_rebuilding"] is False and retriever.index.ntotal == 22
+    assert client.post("/recommend", json=body).json()["items"] == top

@@ -22,9 +22,9 @@ spaces", RecSys 2014): with M = max_i |x_i|,
     |y' - x'_i|^2 = |y|^2 + M^2 - 2 s_i
 
 so the nearest x'_i under L2 are the items of highest s_i. An added item with |x| > M does not fit
-the transform: the IVF index is rebuilt with the new M. HNSW does without the transform, which
-cost it much of its recall on items of unequal norms, while IVF gains from it on real vectors
-(benchmarks/retrieval.py, "spaces").
+the transform: it is scored exactly beside the index until the IVF index is rebuilt with a new M.
+HNSW does without the transform, which cost it much of its recall on items of unequal norms, while
+IVF gains from it on real vectors (benchmarks/retrieval.py, "spaces").
 
 Mutation: `add`, `remove`, `restore` and `update` build a new snapshot of the item tables and
 swap it in; a search reads one snapshot, so readers never see a half-applied change (`add`
@@ -34,6 +34,10 @@ share a readers' lock, writers take it alone (a rebuild is done outside it and o
 under it). Removed items and replaced vectors are tombstones: their index rows stay, masked out
 of searches by an `IDSelectorBitmap` of the live rows; when a quarter of the rows are dead the
 index is rebuilt over the live items alone, and an item restored after that gets a row again.
+Rebuilds (also for an IVF index that has grown to 4x the items it was built over, or that was given an
+item too long for its transform, which is scored exactly beside the index meanwhile) run in a background
+thread over a snapshot; the change that made one due returns at once, and at the swap the new index gets
+rows for whatever changed since the snapshot. `Retriever.wait()` blocks until no rebuild runs.
 
 Shapes: N items (ids 1..N, 0 = padding, never returned), D width, Q queries, R index rows, k.
 """

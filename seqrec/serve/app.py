@@ -116,6 +116,7 @@ class Health(BaseModel):
     model: str
     n_items: int
     index: str
+    index_rebuilding: bool  # a FAISS index being rebuilt in the background (after heavy changes)
     sessions: int
     takes_text: bool
 
@@ -266,11 +267,13 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
         return Health(status="ok", model=rec.model.name, n_items=rec.catalogue.n_active,
-                      index=rec.catalogue.retriever.kind, sessions=len(sessions), takes_text=rec.takes_text)
+                      index=rec.catalogue.retriever.kind, index_rebuilding=rec.catalogue.retriever.rebuilding,
+                      sessions=len(sessions), takes_text=rec.takes_text)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
         return metrics.render({"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions),
+                               "seqrec_index_rebuilding": int(rec.catalogue.retriever.rebuilding),
                                "seqrec_recommend_batches_total": batcher.batches,
                                "seqrec_recommend_batched_requests_total": batcher.batched,
                                "seqrec_recommend_refused_total": batcher.refused})

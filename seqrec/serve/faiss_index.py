@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-from dataclasses import dataclass, replace
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,14 +39,19 @@ class _Index:
     row_to_id: np.ndarray  # (R,) int64: the item id each row was added for
     id_to_row: np.ndarray  # (N+1,) int64: each item's current row (-1: none)
     live: np.ndarray  # (R,) uint8 bitmap (little-endian bits) of the rows searches may return
-    n_live: int
+    n_live: int  # live rows
     n_built: int = 0  # the items it was built over (an IVF index that grows past GROWTH times that is rebuilt)
+    # ids of items too long for the IVF transform (|[v, b]| > M) and so without a row: every search scores
+    # them exactly beside the index's candidates until a rebuild with a new M gives them rows
+    overflow: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    n_overflow: int = 0  # of them, the ones not removed
 
     def select(self, items: _Items) -> _Index:
         """Recompute the live rows: an item's current row, unless the item is removed."""
-        ids = self.row_to_id
-        ok = (self.id_to_row[ids] == np.arange(len(ids))) & ~items.removed.numpy()[ids]
-        return replace(self, live=np.packbits(ok, bitorder="little"), n_live=int(ok.sum()))
+        ids, removed = self.row_to_id, items.removed.numpy()
+        ok = (self.id_to_row[ids] == np.arange(len(ids))) & ~removed[ids]
+        return replace(self, live=np.packbits(ok, bitorder="little"), n_live=int(ok.sum()),
+                       n_overflow=int((~removed[self.overflow]).sum()))
 
 
 def item_rows(kind: str, vectors: torch.Tensor, bias: torch.Tensor, max_norm: float) -> np.ndarray:
@@ -78,35 +85,50 @@ class FaissRetriever(Retriever):
         self.kind = kind
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
         self._n_lists_given, self._n_probe_given, self.seed = n_lists, n_probe, seed
-        self._size_ivf(self.n_items)
+        self.n_lists, self.n_probe = self._ivf_sizes(self.n_items)
         self._lock = _RWLock()
-        self._index = self._build(self._items)
+        self._builder: threading.Thread | None = None  # the rebuild running in the background, if any
+        self._since: list[np.ndarray] = []  # ids added or replaced since that rebuild's snapshot
+        self._index = self._build(self._items, self.n_lists)
 
-    def _size_ivf(self, n: int) -> None:
+    def _ivf_sizes(self, n: int) -> tuple[int, int]:
         """IVF lists and probes for n items: the ones given, else the defaults for n (again at each rebuild,
         so a catalogue grown by POST /items keeps its recall)."""
-        self.n_lists = max(1, min(n, self._n_lists_given or default_n_lists(n)))
-        self.n_probe = max(1, min(self.n_lists, self._n_probe_given or default_n_probe(self.n_lists, n)))
+        n_lists = max(1, min(n, self._n_lists_given or default_n_lists(n)))
+        return n_lists, max(1, min(n_lists, self._n_probe_given or default_n_probe(n_lists, n)))
 
     @property
     def index(self) -> Any:
         """The current FAISS index (for its size: faiss.serialize_index)."""
         return self._index.index
 
-    def _build(self, items: _Items) -> _Index:
+    @property
+    def rebuilding(self) -> bool:
+        return self._builder is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no rebuild runs in the background (one may start another that had become due meanwhile);
+        False if `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (builder := self._builder) is not None:
+            builder.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if builder.is_alive():
+                return False
+        return True
+
+    def _build(self, items: _Items, n_lists: int) -> _Index:
         """An index over the items not removed (removed ones come back as appended rows if restored)."""
         ids = np.flatnonzero(~items.removed.numpy())  # never the padding item 0: removed[0] is True
         vectors, bias = items.vectors[ids], items.bias[ids]
-        vb = torch.cat([vectors, bias.unsqueeze(1)], dim=1)
-        max_norm = math.inf if self.kind == "hnsw" else float(vb.double().norm(dim=1).max())
+        max_norm = math.inf if self.kind == "hnsw" else float(_norms(vectors, bias).max())
         x = item_rows(self.kind, vectors, bias, max_norm)
         if self.kind == "hnsw":
             index = faiss.IndexHNSWFlat(x.shape[1], self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = self.ef_construction
         else:
-            index = faiss.IndexIVFFlat(faiss.IndexFlatL2(x.shape[1]), x.shape[1], self.n_lists, faiss.METRIC_L2)
+            index = faiss.IndexIVFFlat(faiss.IndexFlatL2(x.shape[1]), x.shape[1], n_lists, faiss.METRIC_L2)
             index.cp.seed = self.seed
-            n_train = min(len(x), 256 * self.n_lists)
+            n_train = min(len(x), 256 * n_lists)
             pick = np.sort(np.random.default_rng(self.seed).choice(len(x), n_train, replace=False))
             index.train(x[pick] if n_train < len(x) else x)
         index.add(x)
@@ -121,7 +143,7 @@ class FaissRetriever(Retriever):
         sel = None if ix.n_live == len(ix.row_to_id) else faiss.IDSelectorBitmap(ix.live)  # keeps a reference
         if self.kind == "hnsw":
             return faiss.SearchParametersHNSW(efSearch=max(self.ef_search, 2 * fetch) * widen, sel=sel), sel
-        probe = max(self.n_probe * widen, math.ceil(2 * fetch * ix.index.nlist / ix.n_live))
+        probe = max(self.n_probe * widen, math.ceil(2 * fetch * ix.index.nlist / max(ix.n_live, 1)))
         return faiss.SearchParametersIVF(nprobe=min(ix.index.nlist, probe), sel=sel), sel
 
     @torch.no_grad()
@@ -134,7 +156,8 @@ class FaissRetriever(Retriever):
         with self._lock.read():
             items, ix = self._items, self._index
             scores, ids = self._candidates(items, ix, q, k, exclude, 1)
-            need = np.array([min(k, ix.n_live - len(e)) for e in exclude] if exclude else [min(k, ix.n_live)])
+            reachable = ix.n_live + ix.n_overflow
+            need = np.array([min(k, reachable - len(e)) for e in exclude] if exclude else [min(k, reachable)])
             widest = ix.index.nlist / self.n_probe if self.kind == "ivf" else ix.n_live / self.ef_search
             widen = 1
             while widen < widest:
@@ -148,14 +171,16 @@ class FaissRetriever(Retriever):
 
     def _candidates(self, items: _Items, ix: _Index, q: np.ndarray, k: int, exclude: list[list[int]] | None,
                     widen: int) -> tuple[np.ndarray, np.ndarray]:
-        """The index's candidates for q, exactly rescored, excluded and removed ones dropped, top k.
-        NumPy, not torch: on one query, torch's per-call overhead is ten times FAISS's search."""
+        """The index's candidates for q and the overflow items, exactly rescored, excluded and removed ones
+        dropped, top k. NumPy, not torch: on one query, torch's per-call overhead is ten times FAISS's search."""
         fetch = min(k + (max((len(e) for e in exclude), default=0) if exclude else 0), ix.n_live)
-        if fetch == 0 or len(q) == 0:
-            return rank(np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64), k)
-        params, _sel = self._params(ix, fetch, widen)  # _sel: the selector must outlive the search
-        _, rows = ix.index.search(query_rows(self.kind, q), fetch, params=params)
-        ids = np.where(rows >= 0, ix.row_to_id[rows], 0)  # (Q, fetch); FAISS pads with row -1
+        ids = np.zeros((len(q), 0), np.int64)
+        if fetch and len(q):
+            params, _sel = self._params(ix, fetch, widen)  # _sel: the selector must outlive the search
+            _, rows = ix.index.search(query_rows(self.kind, q), fetch, params=params)
+            ids = np.where(rows >= 0, ix.row_to_id[rows], 0)  # (Q, fetch); FAISS pads with row -1
+        if ix.n_overflow:
+            ids = np.concatenate([ids, np.broadcast_to(ix.overflow, (len(q), len(ix.overflow)))], axis=1)
         scores = np.matmul(items.vectors.numpy()[ids], q[:, :, None])[:, :, 0] + items.bias.numpy()[ids]  # exact
         scores[items.removed.numpy()[ids]] = -np.inf  # also the padding, now id 0
         for r, drop in enumerate(exclude or []):
@@ -164,51 +189,91 @@ class FaissRetriever(Retriever):
         return rank(scores, ids, k)
 
     def _commit(self, items: _Items, changed: torch.Tensor) -> None:
-        """New and replaced vectors become rows of the index, and so do restored items a rebuild left out;
-        the index is rebuilt over the live items instead when a vector exceeds the IVF transform's M, or
-        when more than `_DEAD_SHARE` of its rows would be dead (replaced or removed items), so that heavy
-        deletions do not leave searches wading through tombstones, and (IVF) when the live items have
-        grown to `_GROWTH` times those it was built over, so that its lists grow with the catalogue."""
-        ix = self._index
-        removed = items.removed.numpy()
-        has_row = np.zeros(len(removed), dtype=bool)
-        has_row[: len(ix.id_to_row)] = ix.id_to_row >= 0
-        rows_for = torch.from_numpy(np.union1d(changed.numpy(), np.flatnonzero(~has_row & ~removed)))
-        fresh = items.vectors[rows_for], items.bias[rows_for]
-        norms = torch.cat([fresh[0], fresh[1].unsqueeze(1)], dim=1).double().norm(dim=1)
-        n_rows, n_live = len(ix.row_to_id) + len(rows_for), int((~removed).sum())
-        if n_live and len(rows_for) and float(norms.max()) > ix.max_norm * (1 + _NORM_SLACK):
-            log.info("%s index: an item of norm %.4g exceeds M = %.4g; rebuilding", self.kind,
-                     float(norms.max()), ix.max_norm)
-            self._rebuild(items)
-        elif self.kind == "ivf" and n_live > _GROWTH * max(ix.n_built, 1):
-            log.info("ivf index: %d live items, built over %d; rebuilding with lists for the catalogue it is now",
-                     n_live, ix.n_built)
-            self._rebuild(items)
-        elif n_live and n_rows - n_live > _DEAD_SHARE * n_rows:
-            log.info("%s index: %d of %d rows are replaced or removed items; rebuilding over the %d live ones",
-                     self.kind, n_rows - n_live, n_rows, n_live)
-            self._rebuild(items)
-        else:
-            self._append(items, rows_for, item_rows(self.kind, *fresh, ix.max_norm))
-
-    def _rebuild(self, items: _Items) -> None:
-        if self.kind == "ivf":
-            self._size_ivf(int((~items.removed).sum()))
-        built = self._build(items)  # readers go on with the old index meanwhile
-        with self._lock.write():
-            self._items, self._index = items, built
-
-    def _append(self, items: _Items, changed: torch.Tensor, x: np.ndarray) -> None:
-        ix = self._index
-        ids = changed.numpy()
-        id_to_row = np.concatenate([ix.id_to_row, np.full(len(items.vectors) - len(ix.id_to_row), -1, np.int64)])
-        id_to_row[ids] = np.arange(len(ix.row_to_id), len(ix.row_to_id) + len(ids))
-        new = replace(ix, row_to_id=np.concatenate([ix.row_to_id, ids]), id_to_row=id_to_row).select(items)
+        """(Under the writer lock.) New and replaced vectors become rows of the index at once, and so do
+        restored items that a rebuild left out; a rebuild then starts in the background if one is due
+        (`_rebuild_due`). Searches use the index as it is until the rebuilt one is swapped in."""
+        ix, x = self._extend(self._index, items, changed.numpy())
         with self._lock.write():
             if len(x):
                 ix.index.add(x)
-            self._items, self._index = items, new
+            self._items, self._index = items, ix
+        if self._builder is not None:
+            self._since.append(changed.numpy())
+        self._rebuild_if_due(items)
+
+    def _extend(self, ix: _Index, items: _Items, changed: np.ndarray) -> tuple[_Index, np.ndarray]:
+        """`ix` for `items`: rows (returned, to add to its FAISS index) for the `changed` ids and for live
+        items without a row; an item too long for the IVF transform goes to the overflow instead."""
+        removed = items.removed.numpy()
+        id_to_row = np.concatenate([ix.id_to_row, np.full(len(removed) - len(ix.id_to_row), -1, np.int64)])
+        want = np.union1d(changed, np.flatnonzero((id_to_row < 0) & ~removed)).astype(np.int64)
+        vectors, bias = items.vectors[want], items.bias[want]
+        long = (_norms(vectors, bias) > ix.max_norm * (1 + _NORM_SLACK)).numpy()
+        fits = want[~long]
+        id_to_row[want[long]] = -1  # a replaced item's old row is dead, whether or not the new vector fits
+        id_to_row[fits] = np.arange(len(ix.row_to_id), len(ix.row_to_id) + len(fits))
+        overflow = np.union1d(np.setdiff1d(ix.overflow, want), want[long]).astype(np.int64)
+        new = replace(ix, row_to_id=np.concatenate([ix.row_to_id, fits]), id_to_row=id_to_row, overflow=overflow)
+        return new.select(items), item_rows(self.kind, vectors[~long], bias[~long], ix.max_norm)
+
+    def _rebuild_due(self, items: _Items) -> str | None:
+        """Why the index should be rebuilt over the live items, or None: items too long for the IVF
+        transform (it needs a new M); more than `_DEAD_SHARE` of its rows dead (replaced or removed items),
+        so that heavy deletions do not leave searches wading through tombstones; (IVF) the live items grown
+        to `_GROWTH` times those it was built over, so that its lists grow with the catalogue."""
+        ix = self._index
+        n_live, n_rows = int((~items.removed).sum()), len(ix.row_to_id)
+        if ix.n_overflow:
+            return f"{ix.n_overflow} item(s) longer than the transform's M = {ix.max_norm:.4g}"
+        if self.kind == "ivf" and n_live > _GROWTH * max(ix.n_built, 1):
+            return f"{n_live} live items, built over {ix.n_built}: lists for the catalogue it is now"
+        if n_live and n_rows - ix.n_live > _DEAD_SHARE * n_rows:
+            return f"{n_rows - ix.n_live} of {n_rows} rows are replaced or removed items"
+        return None
+
+    def _rebuild_if_due(self, items: _Items) -> None:
+        """(Under the writer lock.) Start a rebuild in the background if one is due and none is running."""
+        why = None if self._builder is not None else self._rebuild_due(items)
+        if why is None:
+            return
+        log.info("%s index: %s; rebuilding over the live items in the background", self.kind, why)
+        builder = threading.Thread(target=self._rebuild, args=(items,), name=f"seqrec-{self.kind}-rebuild",
+                                   daemon=True)
+        try:
+            builder.start()  # it cannot swap before this returns: the caller holds the writer lock
+        except RuntimeError:  # no thread to be had: the index serves as it is, and the next change tries again
+            log.exception("%s index: could not start the rebuild", self.kind)
+            return
+        self._since, self._builder = [], builder
+
+    def _rebuild(self, items: _Items) -> None:
+        """Build over the snapshot `items` while searches and changes go on; then, under the writer lock,
+        give the new index rows for what changed since the snapshot and swap it in."""
+        try:
+            sizes = self._ivf_sizes(int((~items.removed).sum()))
+            built = self._build(items, sizes[0])
+            with self._writer:
+                now = self._items
+                ix, x = self._extend(built, now, np.unique(np.concatenate([np.zeros(0, np.int64), *self._since])))
+                if len(x):
+                    ix.index.add(x)  # no search sees this index yet
+                with self._lock.write():
+                    self._index = ix
+                    if self.kind == "ivf":
+                        self.n_lists, self.n_probe = sizes
+                self._builder = None
+                log.info("%s index: rebuilt over %d items", self.kind, ix.n_built)
+                self._rebuild_if_due(now)
+        except BaseException:
+            log.exception("%s index: the rebuild failed; the index serves as it was", self.kind)
+            with self._writer:
+                if self._builder is threading.current_thread():
+                    self._builder = None
+
+
+def _norms(vectors: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """(n,) float64 norms of the rows [v, b]."""
+    return torch.cat([vectors, bias.unsqueeze(1)], dim=1).double().norm(dim=1)
 
 
 MIN_POINTS_PER_LIST = 39  # FAISS's k-means warns (and its centroids are poor) with fewer training points

@@ -15,6 +15,7 @@ import torch
 
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
+from seqrec.nn.rows import append_rows
 
 
 class OnnxEncoder:
@@ -42,10 +43,13 @@ class OnnxEncoder:
             options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        # rows 0..N of a buffer that may be longer (one reference, so swapping it is atomic)
+        # rows 0..N of a store with room to grow (seqrec.nn.rows); one reference, so swapping it is atomic
+        self._store: torch.Tensor | None = None
         self._table: np.ndarray | None = None
         if wrapper.table is not None:
-            self._table = _with_room(wrapper.table.numpy(), len(wrapper.table))[: len(wrapper.table)]
+            table = wrapper.table.detach().float().cpu()
+            self._store = append_rows(table, table[:0])
+            self._table = self._store[: len(table)].numpy()
 
     def set_rows(self, ids: Sequence[int], rows: torch.Tensor) -> None:
         """Write the input vectors (n, D) of items `ids`: known ones replaced, new ones appended (they
@@ -53,17 +57,16 @@ class OnnxEncoder:
         way keep the table they started with: a replaced row is written into a copy."""
         if self._table is None:
             return
-        table, values = self._table, rows.detach().float().cpu().numpy()
-        ids = list(ids)
-        new = [i for i in ids if i >= len(table)]
-        if new != list(range(len(table), len(table) + len(new))):
-            raise SeqrecError(f"new items must take the next indices from {len(table)}, got {new}")
-        n = len(table) + len(new)
-        buffer = table.base if table.base is not None else table
-        if n > len(buffer) or len(new) < len(ids):  # a new buffer: readers of the old one are not disturbed
-            buffer = _with_room(table, max(len(buffer) // 2, n))
-        buffer[np.asarray(ids)] = values
-        self._table = buffer[:n]
+        table, values, ids = torch.from_numpy(self._table), rows.detach().float().cpu(), list(ids)
+        new = [j for j, i in enumerate(ids) if i >= len(table)]
+        if [ids[j] for j in new] != list(range(len(table), len(table) + len(new))):
+            raise SeqrecError(f"new items must take the next indices from {len(table)}, got {[ids[j] for j in new]}")
+        known = [j for j, i in enumerate(ids) if i < len(table)]
+        # appended in place while the store has room; replaced rows go into a copy (no store given)
+        store = append_rows(table, values[new], None if known else self._store)
+        if known:
+            store[torch.tensor([ids[j] for j in known])] = values[known]
+        self._store, self._table = store, store[: len(table) + len(new)].numpy()
 
     def __call__(self, items: np.ndarray, events: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         """(B, L) left-padded item indices (and each event feature's (B, L) values) -> (B, D) states."""
@@ -78,9 +81,3 @@ class OnnxEncoder:
                      if events else {})
         return self.session.run(["state"], feeds)[0]
 
-
-def _with_room(rows: np.ndarray, n: int) -> np.ndarray:
-    """A new float32 buffer of 2n rows with `rows` copied to its top."""
-    buffer = np.zeros((2 * n, rows.shape[1]), np.float32)
-    buffer[: len(rows)] = rows
-    return buffer

@@ -118,6 +118,15 @@ class Retriever(ABC):
     def dim(self) -> int:
         return int(self._items.vectors.shape[1])
 
+    @property
+    def rebuilding(self) -> bool:
+        """Whether the index is being rebuilt in the background (a FAISS index after heavy changes)."""
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no rebuild runs in the background; False if `timeout` seconds passed first."""
+        return True
+
     @abstractmethod
     def search(self, queries: torch.Tensor, k: int, exclude: list[list[int]] | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
