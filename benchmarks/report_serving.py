@@ -77,7 +77,7 @@ LIVE_AB = (("ef2717e", "each add copies the tables (torch.cat)"),
            ("97730dc", "rows appended into stores that grow by doubling"))
 RECOMMEND_RERUN = "serve_load_recommend_rerun_640efd6.json"  # the /recommend part again, the same day
 # the deletion measurement at two commits, the same way: serve_load_deletes_<commit>.json
-DELETE_AB = (("1b5ca61", "inside the DELETE"), ("HEAD", "in the background"))
+DELETE_AB = (("1b5ca61", "inside the DELETE"), ("08f6a0d", "in the background"))
 
 
 def _live_before_after() -> list[str]:

@@ -28,6 +28,10 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
         assert live["engine"] == engine and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0
         assert live["added"] == 20 and live["new_in_history_failures"] == 0  # a history may hold a new item
         assert live["visible_s_max"] < 5  # every added item found by /similar (the benchmark waits up to 5 s)
+    for key, index in (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf")):
+        gone = result[key]  # 600 of 2,000 items deleted: past a quarter, so the index was rebuilt
+        assert gone["index"] == index and gone["deleted"] == 600 and gone["delete_failures"] == 0
+        assert gone["rebuilds_logged"] >= 1 and gone["load_during_deletes"]["failed"] == 0
     assert set(result["sessions"]) == {"10", "50"}
     # parts run again keep the others
     before = result["sessions"]
