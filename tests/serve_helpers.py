@@ -48,7 +48,7 @@ def hold_rebuilds(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     build = FaissRetriever._build
 
     def held_build(self, items, n_lists):  # type: ignore[no-untyped-def]
-        if threading.current_thread() is self._builder:
+        if threading.current_thread().name == f"seqrec-{self.kind}-rebuild":  # (_builder is set after it starts)
             assert release.wait(60), "the test never released the rebuild"
         return build(self, items, n_lists)
 

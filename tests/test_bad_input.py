@@ -317,6 +317,15 @@ SERVE = [
     case("serve-no-body", "serve {sasrec} --max-body-bytes 0", "--max-body-bytes"),
     case("serve-no-queue", "serve {sasrec} --max-queue 0", "--max-queue"),
     case("serve-truncated-weights", "serve {tmp}/run --port 8765", "model.safetensors", run_copy(truncate)),
+    case("serve-log-folder-missing", "serve {sasrec} --catalogue-log {tmp}/nowhere/log.jsonl", "nowhere"),
+    case("serve-log-not-json", "serve {sasrec} --port 8765 --catalogue-log {tmp}/log.jsonl", "log.jsonl:1",
+         text_file("log.jsonl", 'not json\n{"op": "remove", "ids": ["i1"]}\n')),
+    case("serve-log-unknown-op", "serve {sasrec} --port 8765 --catalogue-log {tmp}/log.jsonl", "log.jsonl:2",
+         text_file("log.jsonl", '{"op": "remove", "ids": []}\n{"op": "rename"}\n\n')),
+    case("serve-log-unknown-item", "serve {sasrec} --port 8765 --catalogue-log {tmp}/log.jsonl", "'nope'",
+         text_file("log.jsonl", '{"op": "remove", "ids": ["nope"]}\n')),
+    case("serve-log-text-for-id-model", "serve {sasrec} --port 8765 --catalogue-log {tmp}/log.jsonl", "no item text",
+         text_file("log.jsonl", '{"op": "items", "items": {"x": "a new item"}}\n')),
 ]
 
 ENC = "text encode syn --encoder {enc} --no-progress"

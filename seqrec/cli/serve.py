@@ -30,6 +30,10 @@ def build_app(options: dict) -> object:
                                engine=options.get("engine", "auto"))
     rec.text_encoder()  # text models: the encoder is ready before the first new item
     one = int(options.get("workers", 1)) == 1
+    if options.get("catalogue_log"):  # several workers replay it, and none may change the catalogue
+        replayed, dropped = rec.keep_log(options["catalogue_log"], write=one)
+        logging.getLogger("seqrec.serve").info("catalogue log %s: %d change(s) replayed%s", options["catalogue_log"],
+                                               replayed, ", a cut-short last line dropped" if dropped else "")
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
                       sessions_enabled=one, catalogue_writable=one, max_queue=options.get("max_queue", MAX_QUEUE))
@@ -84,11 +88,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
         raise SeqrecError(f"--session-ttl must be a finite number of seconds > 0, got {args.session_ttl}")
+    if args.catalogue_log and not Path(args.catalogue_log).resolve().parent.is_dir():
+        raise SeqrecError(f"--catalogue-log {args.catalogue_log}: its folder does not exist")
     run = _zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
-               "engine": args.engine, "max_queue": args.max_queue}
+               "engine": args.engine, "max_queue": args.max_queue,
+               "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
     if args.workers == 1:
@@ -144,6 +151,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-sessions", type=int, default=10_000)
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")
+    s.add_argument("--catalogue-log", metavar="FILE",
+                   help="keep the live catalogue's changes (items added or replaced by text, items removed) in "
+                        "this JSON-lines file: replayed at start, appended to before each change is answered")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
     s.add_argument("--max-queue", type=int, default=1024,
                    help="/recommend requests that may wait for the model; more are answered 503 (Retry-After)")

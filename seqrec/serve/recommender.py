@@ -35,6 +35,7 @@ from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.serve.ann import Retriever
 from seqrec.serve.catalogue import Catalogue
+from seqrec.serve.catalogue_log import CatalogueLog
 from seqrec.serve.onnx_engine import OnnxEncoder
 from seqrec.train.checkpoint import load_checkpoint
 
@@ -71,6 +72,7 @@ class Recommender:
                                    **index_options)
         self._text_encoder: Any = None  # loaded on the first new item
         self._no_new_text: str | None = None  # why this catalogue takes no item by text, if it takes none
+        self._log: CatalogueLog | None = None  # where catalogue changes are kept (`keep_log`), if anywhere
 
     @classmethod
     def from_run(cls, path: Path | str, device: str = "cpu", index: str = "exact", engine: str = "torch",
@@ -194,6 +196,8 @@ class Recommender:
                 except BaseException:  # the model's items match the catalogue's again
                     model.drop_items_from(first)  # type: ignore[operator]
                     raise
+            if self._log is not None:  # on disk before the caller hears of it (seqrec.serve.catalogue_log)
+                self._log.append_items(texts)
         return [raws[i] for i in new], [raws[i] for i in known]
 
     def _item_side(self, ids: torch.Tensor) -> torch.Tensor:
@@ -214,8 +218,20 @@ class Recommender:
 
     def remove_items(self, raws: Sequence[str]) -> None:
         """Stop recommending these items (they stay known, so histories may still hold them)."""
-        for idx in self.catalogue.lookup(raws):
-            self.catalogue.remove(idx)
+        with self.catalogue.lock:
+            for idx in self.catalogue.lookup(raws):
+                self.catalogue.remove(idx)
+            if self._log is not None:
+                self._log.append_removed(raws)
+
+    def keep_log(self, path: Path | str, write: bool = True) -> tuple[int, int]:
+        """Replay the catalogue changes kept in `path` (items added by text, texts replaced, items removed;
+        `seqrec.serve.catalogue_log`), then, with `write`, append every change made from now on, so that
+        a restarted service comes back with them. Returns (changes replayed, cut-short lines dropped)."""
+        journal, self._log = CatalogueLog(path), None
+        counts = journal.replay(self)
+        self._log = journal if write else None
+        return counts
 
     def to_indices(self, history: Sequence[str]) -> list[int]:
         """Raw item ids -> item indices; an unknown id is a `SeqrecError` naming it."""

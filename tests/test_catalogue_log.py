@@ -1,0 +1,110 @@
+"""The live catalogue kept on disk (`seqrec serve --catalogue-log`, `Recommender.keep_log`): a restarted
+service comes back with the items added, replaced and removed while it ran (they were lost at every restart)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqrec.errors import SeqrecError
+from seqrec.serve import Recommender
+from seqrec.serve.app import create_app
+from tests.serve_helpers import train_tiny_runs
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return train_tiny_runs(tmp_path_factory.mktemp("catalogue-log"))
+
+
+def same_catalogue(a: Recommender, b: Recommender) -> None:
+    assert a.catalogue.raw_ids == b.catalogue.raw_ids and a.catalogue.titles == b.catalogue.titles
+    assert a.catalogue.removed == b.catalogue.removed
+    torch.testing.assert_close(a.catalogue.vectors, b.catalogue.vectors, atol=1e-5, rtol=0)
+    for history in (["i3", "new1"], ["i5", "i6", "i7"], ["new3"]):
+        got, want = b.recommend(history, 10), a.recommend(history, 10)
+        assert [r.item for r in got] == [r.item for r in want]
+        assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-4)
+
+
+def test_a_restarted_service_comes_back_with_its_catalogue_changes(runs: dict[str, Path], tmp_path: Path) -> None:
+    path = tmp_path / "catalogue.jsonl"
+    served = Recommender.from_run(runs["unisrec"])
+    assert served.keep_log(path) == (0, 0)
+    client = TestClient(create_app(served))
+
+    def post(**texts: str) -> None:
+        body = {"items": [{"id": raw, "text": text} for raw, text in texts.items()]}
+        assert client.post("/items", json=body).status_code == 200
+
+    post(new1="a red tool for the garden", new2="blue glue for paper")
+    post(new1="a green saw")  # replaced
+    assert client.delete("/items/i3").status_code == 200
+    assert client.delete("/items/new2").status_code == 200
+    post(i3="i3 comes back with a text of its own")  # a removed item given a text is recommendable again
+    post(new3="small tape")
+    assert client.delete("/items/i8").status_code == 200
+    assert len(path.read_text().splitlines()) == 7  # one line per change, written before it was answered
+
+    restarted = Recommender.from_run(runs["unisrec"])
+    assert restarted.keep_log(path) == (7, 0)
+    same_catalogue(served, restarted)
+    assert restarted.catalogue.removed == {restarted.catalogue.index[r] for r in ("new2", "i8")}
+    # the restarted service goes on writing the same log: a third start has its change too
+    TestClient(create_app(restarted)).delete("/items/new3")
+    third = Recommender.from_run(runs["unisrec"])
+    assert third.keep_log(path) == (8, 0)
+    same_catalogue(restarted, third)
+
+
+def test_a_cut_short_last_line_is_dropped_and_the_log_goes_on(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A process stopped while writing a line never answered its request: the line is dropped (with a warning)
+    and the next change starts on a line of its own."""
+    path = tmp_path / "catalogue.jsonl"
+    path.write_text('{"op": "remove", "ids": ["i1"]}\n{"op": "items", "items": {"x": "half a li')
+    rec = Recommender.from_run(runs["sasrec"])
+    assert rec.keep_log(path) == (1, 1)
+    assert rec.catalogue.removed == {rec.catalogue.index["i1"]}
+    rec.remove_items(["i2"])
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"op": "remove", "ids": ["i1"]}, {"op": "remove", "ids": ["i2"]}]
+    # a whole last line without its newline is kept, and the next change does not run into it
+    path.write_text('{"op": "remove", "ids": ["i1"]}')
+    rec = Recommender.from_run(runs["sasrec"])
+    assert rec.keep_log(path) == (1, 0)
+    rec.remove_items(["i4"])
+    assert len(path.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('{"op": "remove", "ids": ["i1"]}\nnot json\n{"op": "remove", "ids": ["i2"]}\n', "catalogue.jsonl:2"),
+    ('{"op": "items", "items": {"x": 3}}\n', "catalogue.jsonl:1"),
+    ('{"op": "remove", "ids": ["nope"]}\n', "'nope'"),
+])
+def test_a_bad_line_is_an_error_naming_it_and_changes_nothing(runs: dict[str, Path], tmp_path: Path, text: str,
+                                                             needle: str) -> None:
+    path = tmp_path / "catalogue.jsonl"
+    path.write_text(text)
+    rec = Recommender.from_run(runs["unisrec"])
+    with pytest.raises(SeqrecError, match=needle):
+        rec.keep_log(path)
+    assert path.read_text() == text
+
+
+def test_several_workers_replay_the_log_and_none_writes_it(runs: dict[str, Path], tmp_path: Path) -> None:
+    from seqrec.cli.serve import build_app
+
+    path = tmp_path / "catalogue.jsonl"
+    path.write_text('{"op": "remove", "ids": ["i1"]}\n')
+    options = {"run": str(runs["sasrec"]), "index": "exact", "threads": 1, "workers": 2, "max_sessions": 10,
+               "session_events": 10, "session_ttl": 60.0, "max_body_bytes": 1 << 20, "catalogue_log": str(path)}
+    client = TestClient(build_app(options))  # type: ignore[arg-type]
+    assert client.get("/items/i1").json()["recommendable"] is False
+    assert client.delete("/items/i2").status_code == 409
+    assert path.read_text() == '{"op": "remove", "ids": ["i1"]}\n'
