@@ -293,3 +293,18 @@ def test_service_with_the_onnx_engine_answers_as_pytorch(runs: dict[str, Path]) 
         got = client.post("/recommend", json={"history": history, "k": 5})
         assert got.status_code == 200
         assert [r["item"] for r in got.json()["items"]] == [r.item for r in reference.recommend(history, k=5)]
+
+
+def test_a_catalogue_known_by_its_text_alone_shows_and_searches_its_texts() -> None:
+    """UniSRec's files give items a text and no title: the service showed every item untitled, and searching
+    the catalogue by words found nothing, while items added by text were shown by their text."""
+    import polars as pl
+
+    from seqrec.models.sasrec import SASRec, SASRecConfig
+
+    items = pl.DataFrame({"item": ["a", "b", "c"], "idx": [1, 2, 3], "text": ["Red glue", "Blue saw", "Green tape"]})
+    client = TestClient(create_app(Recommender(SASRec(SASRecConfig(d=8, n_heads=2), 3, 4), items, 4)))
+    assert client.get("/items", params={"q": "saw"}).json() == [{"item": "b", "title": "Blue saw",
+                                                                "recommendable": True}]
+    assert {r["title"] for r in client.post("/recommend", json={"history": ["a"], "k": 3}).json()["items"]} == {
+        "Red glue", "Blue saw", "Green tape"}

@@ -10,8 +10,8 @@ A line is written and flushed to the disk (fsync) before the request that made t
 answered, under the catalogue's lock, so the file holds the changes in the order they were applied.
 Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
 items (an item's vector is its text through the frozen encoder and adaptor again, so equal up to
-floating-point rounding). Consecutive "items" lines are replayed as one batch, so a long log costs
-one pass of the text encoder. A last line cut short (the process stopped while writing it; its
+floating-point rounding). A run of "items" lines is replayed as one batch for the text encoder, and
+a run of "remove" lines as one removal. A last line cut short (the process stopped while writing it; its
 request was never answered) is dropped with a warning; a bad line anywhere else is an error that
 names the file and line.
 """
@@ -46,17 +46,19 @@ class CatalogueLog:
         if not self.path.exists():
             return 0, 0
         records, good_bytes, dropped = self._read()
-        pending: dict[str, str] = {}
+        adding: dict[str, str] = {}  # a run of "items" lines, one batch for the encoder
+        removing: list[str] = []  # a run of "remove" lines, one pass over the catalogue
         for where, record in records:
             if record["op"] == "items":
-                pending.update(record["items"])  # a later text of the same id wins, as it did when served
+                self._flush(rec, {}, removing)
+                adding.update(record["items"])  # a later text of the same id wins, as it did when served
                 continue
-            self._flush(rec, pending)
-            try:
-                rec.remove_items(record["ids"])
-            except SeqrecError as exc:
-                raise SeqrecError(f"{where}: {exc}") from None
-        self._flush(rec, pending)
+            self._flush(rec, adding, [])  # every item added before this line is known from here on
+            unknown = [i for i in record["ids"] if i not in rec.catalogue.index]
+            if unknown:
+                raise SeqrecError(f"{where}: unknown item id(s) {', '.join(map(repr, unknown[:5]))}")
+            removing += record["ids"]
+        self._flush(rec, adding, removing)
         with self.path.open("r+b") as f:  # the next line must start on a line of its own
             if dropped:
                 f.truncate(good_bytes)
@@ -65,13 +67,17 @@ class CatalogueLog:
                 f.write(b"\n")
         return len(records), dropped
 
-    def _flush(self, rec: Recommender, pending: dict[str, str]) -> None:
-        if pending:
+    def _flush(self, rec: Recommender, adding: dict[str, str], removing: list[str]) -> None:
+        """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
+        if adding:
             try:
-                rec.add_items(pending)
+                rec.add_items(adding)
             except SeqrecError as exc:
-                raise SeqrecError(f"{self.path}: replaying {len(pending)} item(s): {exc}") from None
-            pending.clear()
+                raise SeqrecError(f"{self.path}: replaying {len(adding)} item(s): {exc}") from None
+            adding.clear()
+        if removing:
+            rec.remove_items(removing)
+            removing.clear()
 
     def _read(self) -> tuple[list[tuple[str, dict[str, Any]]], int, int]:
         """(where, record) for each line, the bytes up to the last good line, and 1 if a cut-short last

@@ -65,7 +65,10 @@ class Recommender:
         self.model, self.max_len = model.eval(), max_len
         self._onnx: OnnxEncoder | None = None  # the encoder in ONNX Runtime (`use_engine("onnx")`), or None
         items = items.sort("idx")
-        titles = items["title"].cast(pl.Utf8).to_list() if "title" in items.columns else [None] * items.height
+        # what people see and search: the title, or for a catalogue known by its text alone (UniSRec's files) the
+        # text, as items added by text are shown by theirs
+        named = next((c for c in ("title", "text") if c in items.columns), None)
+        titles = items[named].cast(pl.Utf8).to_list() if named else [None] * items.height
         with torch.no_grad():
             vectors, bias = model.item_embeddings(), model.item_bias()
         self.catalogue = Catalogue(items["item"].cast(pl.Utf8).to_list(), titles, vectors, bias, index,
