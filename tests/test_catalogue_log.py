@@ -50,14 +50,17 @@ def test_a_restarted_service_comes_back_with_its_catalogue_changes(runs: dict[st
     post(i3="i3 comes back with a text of its own")  # a removed item given a text is recommendable again
     post(new3="small tape")
     assert client.delete("/items/i8").status_code == 200
-    assert len(path.read_text().splitlines()) == 7  # one line per change, written before it was answered
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["op"] == "catalogue" and len(lines) == 8  # then one line per change, before it was answered
 
+    served.close_log()  # as the process would at its end
     restarted = Recommender.from_run(runs["unisrec"])
     assert restarted.keep_log(path) == (7, 0)
     same_catalogue(served, restarted)
     assert restarted.catalogue.removed == {restarted.catalogue.index[r] for r in ("new2", "i8")}
     # the restarted service goes on writing the same log: a third start has its change too
     TestClient(create_app(restarted)).delete("/items/new3")
+    restarted.close_log()
     third = Recommender.from_run(runs["unisrec"])
     assert third.keep_log(path) == (8, 0)
     same_catalogue(restarted, third)
@@ -75,6 +78,7 @@ def test_a_cut_short_last_line_is_dropped_and_the_log_goes_on(runs: dict[str, Pa
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"op": "remove", "ids": ["i1"]}, {"op": "remove", "ids": ["i2"]}]
     # a whole last line without its newline is kept, and the next change does not run into it
+    rec.close_log()
     path.write_text('{"op": "remove", "ids": ["i1"]}')
     rec = Recommender.from_run(runs["sasrec"])
     assert rec.keep_log(path) == (1, 0)
@@ -85,7 +89,10 @@ def test_a_cut_short_last_line_is_dropped_and_the_log_goes_on(runs: dict[str, Pa
 @pytest.mark.parametrize(("text", "needle"), [
     ('{"op": "remove", "ids": ["i1"]}\nnot json\n{"op": "remove", "ids": ["i2"]}\n', "catalogue.jsonl:2"),
     ('{"op": "items", "items": {"x": 3}}\n', "catalogue.jsonl:1"),
-    ('{"op": "remove", "ids": ["nope"]}\n', "'nope'"),
+    ('{"op": "items", "items": {"x": " "}}\n', "catalogue.jsonl:1"),
+    ('{"op": "remove", "ids": ["i1"]}\n{"op": "remove", "ids": ["nope"]}\n', "catalogue.jsonl:2: unknown .*'nope'"),
+    ('{"op": "remove", "ids": ["i1"]}\n{"op": "rename"}', "catalogue.jsonl:2"),  # whole JSON: not cut short
+    ('{"op": "remove", "ids": ["i1"]}\n{"op": "catalogue", "items": 30, "fingerprint": "x"}\n', "must come first"),
 ])
 def test_a_bad_line_is_an_error_naming_it_and_changes_nothing(runs: dict[str, Path], tmp_path: Path, text: str,
                                                              needle: str) -> None:
@@ -97,14 +104,66 @@ def test_a_bad_line_is_an_error_naming_it_and_changes_nothing(runs: dict[str, Pa
     assert path.read_text() == text
 
 
+def test_a_log_of_another_catalogue_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:
+    path = tmp_path / "catalogue.jsonl"
+    Recommender.from_run(runs["sasrec"]).keep_log(path)
+    head = json.loads(path.read_text().splitlines()[0])
+    assert head["items"] == 30
+    path.write_text(json.dumps({**head, "fingerprint": "0" * 20}) + "\n")
+    with pytest.raises(SeqrecError, match="another catalogue"):
+        Recommender.from_run(runs["sasrec"]).keep_log(path)
+
+
+def test_one_writer_at_a_time_and_a_failed_write_changes_nothing(runs: dict[str, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "catalogue.jsonl"
+    rec = Recommender.from_run(runs["unisrec"])
+    rec.keep_log(path)
+    with pytest.raises(SeqrecError, match="another process is writing"):
+        Recommender.from_run(runs["unisrec"]).keep_log(path)
+    before = path.read_bytes()
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("seqrec.serve.catalogue_log.os.fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        rec.add_items({"new1": "a red tool"})
+    with pytest.raises(OSError, match="No space"):
+        rec.remove_items(["i1"])
+    monkeypatch.undo()
+    assert path.read_bytes() == before  # no half line left
+    assert "new1" not in rec.catalogue.index and not rec.catalogue.removed  # and no change made
+    rec.add_items({"new1": "a red tool"})  # the next write goes on from there
+    assert json.loads(path.read_text().splitlines()[-1]) == {"op": "items", "items": {"new1": "a red tool"}}
+
+
+def test_a_failed_change_takes_its_line_back(runs: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "catalogue.jsonl"
+    rec = Recommender.from_run(runs["unisrec"])
+    rec.keep_log(path)
+    before = path.read_bytes()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the index failed")
+
+    monkeypatch.setattr(rec.catalogue.retriever, "add", broken)
+    with pytest.raises(RuntimeError, match="the index failed"):
+        rec.add_items({"new1": "a red tool"})
+    assert path.read_bytes() == before and "new1" not in rec.catalogue.index
+
+
 def test_several_workers_replay_the_log_and_none_writes_it(runs: dict[str, Path], tmp_path: Path) -> None:
     from seqrec.cli.serve import build_app
 
     path = tmp_path / "catalogue.jsonl"
-    path.write_text('{"op": "remove", "ids": ["i1"]}\n')
+    text = '{"op": "remove", "ids": ["i1"]}\n{"op": "remove", "ids": ["i'  # a cut-short last line stays as it is
+    path.write_text(text)
     options = {"run": str(runs["sasrec"]), "index": "exact", "threads": 1, "workers": 2, "max_sessions": 10,
                "session_events": 10, "session_ttl": 60.0, "max_body_bytes": 1 << 20, "catalogue_log": str(path)}
     client = TestClient(build_app(options))  # type: ignore[arg-type]
     assert client.get("/items/i1").json()["recommendable"] is False
     assert client.delete("/items/i2").status_code == 409
-    assert path.read_text() == '{"op": "remove", "ids": ["i1"]}\n'
+    assert path.read_text() == text
+    Recommender.from_run(runs["sasrec"]).keep_log(path)  # and no worker holds it: a single writer may

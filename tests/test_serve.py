@@ -308,3 +308,21 @@ def test_a_catalogue_known_by_its_text_alone_shows_and_searches_its_texts() -> N
                                                                 "recommendable": True}]
     assert {r["title"] for r in client.post("/recommend", json={"history": ["a"], "k": 3}).json()["items"]} == {
         "Red glue", "Blue saw", "Green tape"}
+
+
+def test_many_items_removed_in_one_request_all_or_none(runs: dict[str, Path], tmp_path: Path) -> None:
+    """POST /items/remove takes many ids (a catalogue clean-up was one DELETE per item): every one stops being
+    recommended, an unknown id removes none (404 naming it), and a catalogue log keeps them as one change."""
+    rec = Recommender.from_run(runs["sasrec"])
+    rec.keep_log(tmp_path / "catalogue.jsonl")
+    client = TestClient(create_app(rec))
+    refused = client.post("/items/remove", json={"ids": ["i4", "nope", "i5"]})
+    assert refused.status_code == 404 and "nope" in refused.json()["error"]
+    assert rec.catalogue.n_active == 30 and (tmp_path / "catalogue.jsonl").read_text().count("\n") == 1
+    done = client.post("/items/remove", json={"ids": ["i4", "i5", "i6", "i4"]})
+    assert done.status_code == 200 and done.json() == {"removed": ["i4", "i5", "i6", "i4"], "n_active": 27}
+    top = client.post("/recommend", json={"history": ["i3"], "k": 27}).json()["items"]
+    assert len(top) == 27 and not {"i4", "i5", "i6"} & {r["item"] for r in top}
+    assert [client.get(f"/items/{i}").json()["recommendable"] for i in ("i4", "i5", "i6", "i7")] == [
+        False, False, False, True]
+    assert (tmp_path / "catalogue.jsonl").read_text().count("\n") == 2  # the catalogue's line, then the change

@@ -30,6 +30,7 @@ OPERATIONS = {  # every operation of the schema; a new route must be added here 
     "POST /recommend", "POST /recommend/batch", "POST /items", "GET /items", "GET /items/{item_id}",
     "DELETE /items/{item_id}", "GET /similar/{item_id}", "POST /sessions/{session_id}/events",
     "GET /sessions/{session_id}", "DELETE /sessions/{session_id}", "GET /health", "GET /metrics",
+    "POST /items/remove",
 }
 REACH_THE_MODEL = {"POST /recommend", "POST /recommend/batch", "GET /items/{item_id}", "GET /similar/{item_id}",
                    "POST /sessions/{session_id}/events"}
@@ -81,6 +82,8 @@ def _with_known_ids(case: schemathesis.Case, known: list[str], start: int) -> No
         body["histories"] = [[next(turn) for _ in h] if isinstance(h, list) else h for h in body["histories"]]
     if isinstance(body.get("item"), str):
         body["item"] = next(turn)
+    if isinstance(body.get("ids"), list):
+        body["ids"] = [next(turn) for _ in body["ids"]]
     for new in body.get("items") or []:
         if isinstance(new, dict) and isinstance(new.get("id"), str):
             new["id"] = next(turn)

@@ -82,6 +82,15 @@ class ItemsRequest(Strict):
     items: list[NewItem] = Field(min_length=1, max_length=10_000)
 
 
+class RemoveRequest(Strict):
+    ids: list[ItemId] = Field(min_length=1, max_length=100_000)
+
+
+class RemoveResponse(BaseModel):
+    removed: list[str]  # the ids given, none of them recommendable now
+    n_active: int  # items still recommendable
+
+
 class ItemsResponse(BaseModel):
     added: list[str]
     replaced: list[str]
@@ -157,6 +166,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     batcher = Batcher(rec, max_queue=max_queue)  # all model work on its one thread; /recommend requests batched
     app.state.recommender, app.state.sessions, app.state.metrics, app.state.batcher = rec, sessions, metrics, batcher
     app.router.on_shutdown.append(batcher.close)
+    app.router.on_shutdown.append(rec.close_log)
     app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits())
 
     @app.exception_handler(UnknownItem)
@@ -215,6 +225,14 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
             raise SeqrecError("the same item id is given more than once")
         added, replaced = rec.add_items(texts)
         return ItemsResponse(added=added, replaced=replaced, n_items=rec.n_items)
+
+    @app.post("/items/remove", response_model=RemoveResponse)
+    def remove_items(req: RemoveRequest) -> RemoveResponse:
+        """Stop recommending many items at once (they stay usable in histories): all of them, or none
+        if an id is unknown (a 404 naming it)."""
+        _writable(catalogue_writable)
+        rec.remove_items(req.ids)
+        return RemoveResponse(removed=req.ids, n_active=rec.catalogue.n_active)
 
     @app.delete("/items/{item_id:path}", response_model=ItemInfo)
     def remove_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:

@@ -128,10 +128,10 @@ class Catalogue:
                 self.retriever.restore(back)
                 self.removed.difference_update(back)
 
-    def remove(self, idx: int) -> None:
-        """Never recommend this item again (it stays known: histories may hold it)."""
+    def remove(self, ids: Sequence[int]) -> None:
+        """Never recommend these items again (they stay known: histories may hold them)."""
         with self.lock:
-            if idx not in self.removed:
-                self.retriever.remove([idx])
-                self.removed.add(idx)
-
+            fresh = sorted(set(ids) - self.removed)
+            if fresh:
+                self.retriever.remove(fresh)
+                self.removed.update(fresh)

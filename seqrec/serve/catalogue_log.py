@@ -1,30 +1,35 @@
 """The live catalogue's changes on disk, so that a restarted service comes back with them.
 
 `seqrec serve RUN --catalogue-log FILE` (or `Recommender.keep_log(FILE)`) replays FILE at start and
-then appends one JSON line per change the service applies:
+then appends one JSON line per change the service makes:
 
+    {"op": "catalogue", "items": N, "fingerprint": "..."}  first line: the catalogue it was written for
     {"op": "items", "items": {"raw id": "text", ...}}     POST /items: added, or text replaced
-    {"op": "remove", "ids": ["raw id", ...]}               DELETE /items/{id}
+    {"op": "remove", "ids": ["raw id", ...]}               DELETE /items/{id}, POST /items/remove
 
-A line is written and flushed to the disk (fsync) before the request that made the change is
-answered, under the catalogue's lock, so the file holds the changes in the order they were applied.
-Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
-items (an item's vector is its text through the frozen encoder and adaptor again, so equal up to
-floating-point rounding). A run of "items" lines is replayed as one batch for the text encoder, and
-a run of "remove" lines as one removal. A last line cut short (the process stopped while writing it; its
-request was never answered) is dropped with a warning; a bad line anywhere else is an error that
-names the file and line.
+A change's line is written and flushed to the disk (fsync) under the catalogue's lock before the
+change is applied, and taken back if applying it fails, so the file holds exactly the changes
+made, in order, and each before its request is answered. Replaying gives the same catalogue: the
+same raw ids under the same item indices, texts and removed items (an item's vector is its text
+through the frozen encoder and adaptor again, so equal up to floating-point rounding). A run of
+"items" lines is replayed as one batch for the text encoder, a run of "remove" lines as one removal.
+
+A last line cut short (the process stopped while writing it; its change was never applied) is
+dropped with a warning; a bad line anywhere else, a log written for another catalogue (the first
+line's fingerprint of the run's item ids) or a second process writing the same file is an error.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from seqrec.errors import SeqrecError
 
@@ -34,98 +39,173 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def catalogue_fingerprint(raw_ids: Sequence[str]) -> str:
+    """The catalogue a log belongs to: its raw ids in index order."""
+    return hashlib.sha256("\n".join(raw_ids).encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
 class CatalogueLog:
     """An append-only JSON-lines file of catalogue changes (module docstring)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None  # open for appending, and locked against other processes
 
-    def replay(self, rec: Recommender) -> tuple[int, int]:
-        """Apply every change in the file to `rec` -> (lines, lines dropped: 0 or 1, a cut-short last one)."""
-        if not self.path.exists():
-            return 0, 0
-        records, good_bytes, dropped = self._read()
-        adding: dict[str, str] = {}  # a run of "items" lines, one batch for the encoder
-        removing: list[str] = []  # a run of "remove" lines, one pass over the catalogue
-        for where, record in records:
-            if record["op"] == "items":
-                self._flush(rec, {}, removing)
-                adding.update(record["items"])  # a later text of the same id wins, as it did when served
-                continue
-            self._flush(rec, adding, [])  # every item added before this line is known from here on
-            unknown = [i for i in record["ids"] if i not in rec.catalogue.index]
-            if unknown:
-                raise SeqrecError(f"{where}: unknown item id(s) {', '.join(map(repr, unknown[:5]))}")
-            removing += record["ids"]
-        self._flush(rec, adding, removing)
-        with self.path.open("r+b") as f:  # the next line must start on a line of its own
-            if dropped:
-                f.truncate(good_bytes)
-            elif good_bytes and not self.path.read_bytes().endswith(b"\n"):
-                f.seek(0, os.SEEK_END)
-                f.write(b"\n")
+    def replay(self, rec: Recommender, write: bool = True) -> tuple[int, int]:
+        """Apply every change in the file to `rec`; with `write`, then hold the file for appending.
+        -> (changes replayed, lines dropped: 0 or 1, a cut-short last one). Without `write` the file is
+        only read (several worker processes replay it)."""
+        ids = rec.catalogue.raw_ids
+        base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
+        data = self.path.read_bytes() if self.path.exists() else b""
+        head, records, good_bytes, dropped = self._parse(data)
+        if head is not None and head["fingerprint"] != base["fingerprint"]:
+            raise SeqrecError(f"{self.path} was written for another catalogue ({head['items']:,} items, fingerprint "
+                              f"{head['fingerprint']}; this run's: {base['items']:,} items, {base['fingerprint']}): "
+                              "start this run with a new log")
+        self._apply(rec, records)
+        if write:
+            self._open(data, good_bytes if dropped else None, base if not data.strip() else None)
         return len(records), dropped
 
-    def _flush(self, rec: Recommender, adding: dict[str, str], removing: list[str]) -> None:
-        """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
-        if adding:
-            try:
-                rec.add_items(adding)
-            except SeqrecError as exc:
-                raise SeqrecError(f"{self.path}: replaying {len(adding)} item(s): {exc}") from None
-            adding.clear()
-        if removing:
-            rec.remove_items(removing)
-            removing.clear()
+    def _apply(self, rec: Recommender, records: list[tuple[int, dict[str, Any]]]) -> None:
+        adding: dict[str, str] = {}  # a run of "items" lines, one batch for the encoder
+        removing: list[str] = []  # a run of "remove" lines, one removal
+        lines: list[int] = []  # the lines of the run
+        for number, record in records:
+            if record["op"] == "items":
+                self._flush(rec, {}, removing, lines)
+                adding.update(record["items"])  # a later text of the same id wins, as it did when served
+            else:
+                self._flush(rec, adding, [], lines)  # every item added before this line is known from here on
+                unknown = [i for i in record["ids"] if i not in rec.catalogue.index]
+                if unknown:
+                    raise SeqrecError(f"{self.path}:{number}: unknown item id(s) {', '.join(map(repr, unknown[:5]))}")
+                removing += record["ids"]
+            lines.append(number)
+        self._flush(rec, adding, removing, lines)
 
-    def _read(self) -> tuple[list[tuple[str, dict[str, Any]]], int, int]:
-        """(where, record) for each line, the bytes up to the last good line, and 1 if a cut-short last
-        line was dropped."""
-        data = self.path.read_bytes()
+    def _flush(self, rec: Recommender, adding: dict[str, str], removing: list[str], lines: list[int]) -> None:
+        """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
+        if not (adding or removing):
+            return
+        try:
+            if adding:
+                rec.add_items(adding)
+            if removing:
+                rec.remove_items(removing)
+        except SeqrecError as exc:
+            where = f"{lines[0]}" if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
+            raise SeqrecError(f"{self.path}:{where}: {exc}") from None
+        adding.clear()
+        removing.clear()
+        lines.clear()
+
+    def _parse(self, data: bytes) -> tuple[dict[str, Any] | None, list[tuple[int, dict[str, Any]]], int, int]:
+        """(the first line's catalogue record or None, (line number, change) for each change, the bytes up to
+        the last good line, 1 if a cut-short last line was dropped)."""
         lines = data.split(b"\n")
-        records: list[tuple[str, dict[str, Any]]] = []
+        head: dict[str, Any] | None = None
+        records: list[tuple[int, dict[str, Any]]] = []
         good_bytes = offset = 0
         for number, raw in enumerate(lines, 1):
             offset += len(raw) + 1
             if not raw.strip():
                 continue
             where = f"{self.path}:{number}"
-            last = all(not rest.strip() for rest in lines[number:])
             try:
-                record = _checked(json.loads(raw))
-            except (ValueError, UnicodeDecodeError) as exc:
-                if last and not data.endswith(b"\n"):  # cut short while being written: never acknowledged
+                record = json.loads(raw)
+            except ValueError as exc:  # UnicodeDecodeError too
+                if number == len(lines):  # no newline after it: cut short while being written
                     log.warning("%s: dropping a last line that was cut short (%s)", where, exc)
-                    return records, good_bytes, 1
-                raise SeqrecError(f"{where}: not a catalogue change ({exc})") from None
-            records.append((where, record))
+                    return head, records, good_bytes, 1
+                raise SeqrecError(f"{where}: not JSON ({exc})") from None
+            why = _invalid(record, first=head is None and not records)
+            if why:
+                raise SeqrecError(f"{where}: not a catalogue change: {why}")
+            if record["op"] == "catalogue":
+                head = record
+            else:
+                records.append((number, record))
             good_bytes = min(offset, len(data))
-        return records, good_bytes, 0
+        return head, records, good_bytes, 0
 
-    def append_items(self, items: Mapping[str, str]) -> None:
-        self._append({"op": "items", "items": dict(items)})
+    def _open(self, data: bytes, cut_at: int | None, head: dict[str, Any] | None) -> None:
+        """Hold the file for appending: no other process may write it; a cut-short last line is cut off, a
+        last line without its newline given one, and a new file starts with its catalogue line."""
+        try:
+            f = self.path.open("a+b")
+        except OSError as exc:
+            raise SeqrecError(f"{self.path}: cannot write the catalogue log ({exc.strerror})") from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise SeqrecError(f"{self.path}: another process is writing this catalogue log") from None
+        if cut_at is not None:
+            f.truncate(cut_at)
+        elif data and not data.endswith(b"\n"):
+            f.write(b"\n")
+        if head is not None:
+            f.write(_line(head))
+        f.flush()
+        os.fsync(f.fileno())
+        self._file = f
 
-    def append_removed(self, ids: Sequence[str]) -> None:
-        self._append({"op": "remove", "ids": list(ids)})
+    def append_items(self, items: Mapping[str, str]) -> int:
+        return self._append({"op": "items", "items": dict(items)})
 
-    def _append(self, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        with self._lock, self.path.open("ab") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+    def append_removed(self, ids: Sequence[str]) -> int:
+        return self._append({"op": "remove", "ids": list(ids)})
+
+    def _append(self, record: dict[str, Any]) -> int:
+        """Write one change's line (on the disk when this returns) -> where it starts, for `take_back`."""
+        if self._file is None:
+            raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
+        line = _line(record)
+        with self._lock:
+            start = os.fstat(self._file.fileno()).st_size
+            try:
+                self._file.write(line)
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except BaseException:
+                self._file.truncate(start)  # no half line for the next one to run into
+                raise
+            return start
+
+    def close(self) -> None:
+        """Let the file go (another process may write it from now on)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()  # the lock goes with it
+                self._file = None
+
+    def take_back(self, start: int) -> None:
+        """Remove the line written at `start` (its change could not be applied)."""
+        if self._file is not None:
+            with self._lock:
+                self._file.truncate(start)
+                os.fsync(self._file.fileno())
 
 
-def _checked(record: Any) -> dict[str, Any]:
-    """A record of the two kinds, or ValueError saying what is wrong with it."""
-    if not isinstance(record, dict) or record.get("op") not in ("items", "remove"):
-        raise ValueError('expected {"op": "items", ...} or {"op": "remove", ...}')
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record) + "\n").encode()  # ASCII: any string, a lone surrogate too, round-trips
+
+
+def _invalid(record: Any, first: bool) -> str | None:
+    """What is wrong with a line's record, or None."""
+    if not isinstance(record, dict) or record.get("op") not in ("catalogue", "items", "remove"):
+        return 'expected {"op": "items", ...} or {"op": "remove", ...}'
+    if record["op"] == "catalogue":
+        ok = isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)
+        return None if ok and first else ("a catalogue line must come first" if ok else "a bad catalogue line")
     if record["op"] == "items":
         items = record.get("items")
-        if not isinstance(items, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in items.items()):
-            raise ValueError('"items" must map raw ids to texts')
-    elif not isinstance(record.get("ids"), list) or not all(isinstance(i, str) for i in record["ids"]):
-        raise ValueError('"ids" must be a list of raw ids')
-    return record
-
+        if not isinstance(items, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v.strip()
+                                                  for k, v in items.items()):
+            return '"items" must map raw ids to texts that are not empty'
+        return None
+    ids = record.get("ids")
+    return None if isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) else '"ids" must list raw ids'

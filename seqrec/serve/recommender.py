@@ -19,8 +19,9 @@ derives them from a prepared log; values not given are missing (the model's lear
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,7 @@ class Recommender:
         text_vectors = encode_texts(list(texts.values()), options, encoder=self.text_encoder())
         device = self.catalogue.vectors.device
         cat, model = self.catalogue, self.model
-        with cat.lock, torch.no_grad():
+        with cat.lock, torch.no_grad(), self._logged(lambda journal: journal.append_items(texts)):
             known = [i for i, raw in enumerate(texts) if raw in cat.index]
             new = [i for i, raw in enumerate(texts) if raw not in cat.index]
             raws, values = list(texts), list(texts.values())
@@ -199,8 +200,6 @@ class Recommender:
                 except BaseException:  # the model's items match the catalogue's again
                     model.drop_items_from(first)  # type: ignore[operator]
                     raise
-            if self._log is not None:  # on disk before the caller hears of it (seqrec.serve.catalogue_log)
-                self._log.append_items(texts)
         return [raws[i] for i in new], [raws[i] for i in known]
 
     def _item_side(self, ids: torch.Tensor) -> torch.Tensor:
@@ -222,17 +221,35 @@ class Recommender:
     def remove_items(self, raws: Sequence[str]) -> None:
         """Stop recommending these items (they stay known, so histories may still hold them)."""
         with self.catalogue.lock:
-            for idx in self.catalogue.lookup(raws):
-                self.catalogue.remove(idx)
-            if self._log is not None:
-                self._log.append_removed(raws)
+            ids = self.catalogue.lookup(raws)  # every id known, or nothing removed
+            with self._logged(lambda journal: journal.append_removed(raws)):
+                self.catalogue.remove(ids)
+
+    def close_log(self) -> None:
+        """Stop keeping catalogue changes (`keep_log`) and let the file go."""
+        journal, self._log = self._log, None
+        if journal is not None:
+            journal.close()
+
+    @contextlib.contextmanager
+    def _logged(self, write: Callable[[CatalogueLog], int]) -> Iterator[None]:
+        """(Under the catalogue's lock.) With a catalogue log: the change's line is on the disk before the
+        change is made, and taken back if making it fails."""
+        start = None if self._log is None else write(self._log)
+        try:
+            yield
+        except BaseException:
+            if start is not None and self._log is not None:
+                self._log.take_back(start)
+            raise
 
     def keep_log(self, path: Path | str, write: bool = True) -> tuple[int, int]:
         """Replay the catalogue changes kept in `path` (items added by text, texts replaced, items removed;
         `seqrec.serve.catalogue_log`), then, with `write`, append every change made from now on, so that
         a restarted service comes back with them. Returns (changes replayed, cut-short lines dropped)."""
-        journal, self._log = CatalogueLog(path), None
-        counts = journal.replay(self)
+        self.close_log()
+        journal = CatalogueLog(path)
+        counts = journal.replay(self, write)
         self._log = journal if write else None
         return counts
 
