@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from common import load_result
@@ -81,8 +82,8 @@ DELETE_AB = (("1b5ca61", "inside the DELETE"), ("08f6a0d", "in the background"))
 
 
 def _live_before_after() -> list[str]:
-    runs = [(commit, what, load_result(f"serve_load_live_{commit}.json")) for commit, what in LIVE_AB]
-    if any(d is None for _, _, d in runs):
+    runs = _ab_runs("serve_load_live", LIVE_AB)
+    if not runs:
         return []
     rerun = load_result(RECOMMEND_RERUN)
     slower = ""
@@ -97,19 +98,14 @@ def _live_before_after() -> list[str]:
              "each other. Files: " + ", ".join(f"`results/serve_load_live_{c}.json`" for c, _, _ in runs) + ".", "",
              *header(["commit", "POST /items", "index, engine", "POST /items p50 ms", "p99 ms", "failed",
                       "/recommend requests/s meanwhile", "p50 ms"])]
-    for commit, what, d in runs:
-        for key in ("live", "live_ivf_onnx"):
-            r = d[key]
-            load = r["load_during_adds"]
-            lines.append(f"| {commit} | {what} | {r['index']}, {r['engine']} | {r['post_ms_p50']:.1f} | "
-                         f"{r['post_ms_p99']:.1f} | {r['add_failures'] + load['failed']} | "
-                         f"{load['requests_per_s']:.0f} | {load['p50_ms']:.1f} |")
-    return lines
+    return lines + _ab_rows(runs, ("live", "live_ivf_onnx"), lambda r, load: (
+        f"{r['index']}, {r['engine']} | {r['post_ms_p50']:.1f} | {r['post_ms_p99']:.1f} | "
+        f"{r['add_failures'] + load['failed']} | {load['requests_per_s']:.0f} | {load['p50_ms']:.1f}"),
+        "load_during_adds")
 
 
 def _deletes_before_after() -> list[str]:
-    runs = [(commit, what, load_result(f"serve_load_deletes_{commit}.json")) for commit, what in DELETE_AB]
-    runs = [(c, w, d) for c, w, d in runs if d is not None]
+    runs = _ab_runs("serve_load_deletes", DELETE_AB)
     if not runs:
         return []
     n = runs[0][2]["n_items"]
@@ -121,15 +117,24 @@ def _deletes_before_after() -> list[str]:
              "", *header(["commit", "rebuild", "index", "DELETEs", "failed", "DELETE p50 ms", "p99 ms", "max ms",
                           "over 100 ms", "rebuilds logged", "/recommend requests/s meanwhile", "p50 ms", "p99 ms",
                           "max ms", "failed"])]
-    for commit, what, d in runs:
-        for key in ("deletes_hnsw", "deletes_ivf"):
-            r = d[key]
-            load = r["load_during_deletes"]
-            lines.append(f"| {commit} | {what} | {r['index']} | {r['deleted']:,} | {r['delete_failures']} | "
-                         f"{r['delete_ms_p50']:.1f} | {r['delete_ms_p99']:.1f} | {r['delete_ms_max']:,.0f} | "
-                         f"{r['delete_ms_over_100']} | {r['rebuilds_logged']} | {load['requests_per_s']:.0f} | "
-                         f"{load['p50_ms']:.1f} | {load['p99_ms']:.1f} | {load['max_ms']:,.0f} | {load['failed']} |")
-    return lines
+    return lines + _ab_rows(runs, ("deletes_hnsw", "deletes_ivf"), lambda r, load: (
+        f"{r['index']} | {r['deleted']:,} | {r['delete_failures']} | {r['delete_ms_p50']:.1f} | "
+        f"{r['delete_ms_p99']:.1f} | {r['delete_ms_max']:,.0f} | {r['delete_ms_over_100']} | {r['rebuilds_logged']} | "
+        f"{load['requests_per_s']:.0f} | {load['p50_ms']:.1f} | {load['p99_ms']:.1f} | {load['max_ms']:,.0f} | "
+        f"{load['failed']}"), "load_during_deletes")
+
+
+def _ab_runs(prefix: str, ab: tuple[tuple[str, str], ...]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(commit, what changed, results) of a measurement run at two commits (`<prefix>_<commit>.json`), or []
+    unless both files are there."""
+    runs = [(commit, what, load_result(f"{prefix}_{commit}.json")) for commit, what in ab]
+    return [(c, w, d) for c, w, d in runs if d is not None] if all(d is not None for _, _, d in runs) else []
+
+
+def _ab_rows(runs: list[tuple[str, str, dict[str, Any]]], keys: tuple[str, ...],
+             cells: Callable[[dict[str, Any], dict[str, Any]], str], load_key: str) -> list[str]:
+    """A table row per commit and results key: the commit, what changed, then `cells(row, its load)`."""
+    return [f"| {commit} | {what} | {cells(d[key], d[key][load_key])} |" for commit, what, d in runs for key in keys]
 
 
 def retrieval(d: dict[str, Any]) -> list[str]:

@@ -190,12 +190,16 @@ def _fields(cls: type) -> list[str]:
 
 
 def _members(cls: type) -> Iterator[tuple[str, Any]]:
-    """Public methods and properties defined by the class itself, in source order."""
-    for name, member in vars(cls).items():
-        if name.startswith("_"):
-            continue
-        if isinstance(member, property | classmethod | staticmethod) or inspect.isfunction(member):
-            yield name, member
+    """Public methods and properties of the class, in source order: its own, then those it takes from its
+    seqrec base classes (a part split into a module of its own, as `Recommender`'s live catalogue)."""
+    seen: set[str] = set()
+    for base in (c for c in cls.__mro__ if c.__module__.startswith("seqrec")):
+        for name, member in vars(base).items():
+            if name.startswith("_") or name in seen:
+                continue
+            if isinstance(member, property | classmethod | staticmethod) or inspect.isfunction(member):
+                seen.add(name)
+                yield name, member
 
 
 def _member(cls_name: str, name: str, member: Any) -> list[str]:

@@ -21,20 +21,21 @@ line's fingerprint of the run's item ids) or a second process writing the same f
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from seqrec.errors import SeqrecError
 
 if TYPE_CHECKING:
-    from seqrec.serve.recommender import Recommender
+    from seqrec.serve.live import LiveCatalogue
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class CatalogueLog:
         self._lock = threading.Lock()
         self._file: IO[bytes] | None = None  # open for appending, and locked against other processes
 
-    def replay(self, rec: Recommender, write: bool = True) -> tuple[int, int]:
+    def replay(self, rec: LiveCatalogue, write: bool = True) -> tuple[int, int]:
         """Apply every change in the file to `rec`; with `write`, then hold the file for appending.
         -> (changes replayed, lines dropped: 0 or 1, a cut-short last one). Without `write` the file is
         only read (several worker processes replay it)."""
@@ -69,7 +70,7 @@ class CatalogueLog:
             self._open(data, good_bytes if dropped else None, base if not data.strip() else None)
         return len(records), dropped
 
-    def _apply(self, rec: Recommender, records: list[tuple[int, dict[str, Any]]]) -> None:
+    def _apply(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
         adding: dict[str, str] = {}  # a run of "items" lines, one batch for the encoder
         removing: list[str] = []  # a run of "remove" lines, one removal
         lines: list[int] = []  # the lines of the run
@@ -86,7 +87,7 @@ class CatalogueLog:
             lines.append(number)
         self._flush(rec, adding, removing, lines)
 
-    def _flush(self, rec: Recommender, adding: dict[str, str], removing: list[str], lines: list[int]) -> None:
+    def _flush(self, rec: LiveCatalogue, adding: dict[str, str], removing: list[str], lines: list[int]) -> None:
         """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
         if not (adding or removing):
             return
@@ -153,14 +154,18 @@ class CatalogueLog:
         os.fsync(f.fileno())
         self._file = f
 
-    def append_items(self, items: Mapping[str, str]) -> int:
-        return self._append({"op": "items", "items": dict(items)})
-
-    def append_removed(self, ids: Sequence[str]) -> int:
-        return self._append({"op": "remove", "ids": list(ids)})
+    @contextlib.contextmanager
+    def change(self, record: dict[str, Any]) -> Iterator[None]:
+        """Around making a change: its line is on the disk before, and taken back if making it fails."""
+        start = self._append(record)
+        try:
+            yield
+        except BaseException:
+            self._take_back(start)
+            raise
 
     def _append(self, record: dict[str, Any]) -> int:
-        """Write one change's line (on the disk when this returns) -> where it starts, for `take_back`."""
+        """Write one change's line (on the disk when this returns) -> where it starts."""
         if self._file is None:
             raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
         line = _line(record)
@@ -182,8 +187,8 @@ class CatalogueLog:
                 self._file.close()  # the lock goes with it
                 self._file = None
 
-    def take_back(self, start: int) -> None:
-        """Remove the line written at `start` (its change could not be applied)."""
+    def _take_back(self, start: int) -> None:
+        """Remove the line written at `start` (its change could not be made)."""
         if self._file is not None:
             with self._lock:
                 self._file.truncate(start)
