@@ -61,7 +61,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_live_before_after(), *_deletes_before_after(), "",
+              *_live_before_after(), *_deletes_before_after(), *_workers(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():
@@ -122,6 +122,46 @@ def _deletes_before_after() -> list[str]:
         f"{r['delete_ms_p99']:.1f} | {r['delete_ms_max']:,.0f} | {r['delete_ms_over_100']} | {r['rebuilds_logged']} | "
         f"{load['requests_per_s']:.0f} | {load['p50_ms']:.1f} | {load['p99_ms']:.1f} | {load['max_ms']:,.0f} | "
         f"{load['failed']}"), "load_during_deletes")
+
+
+WORKERS_FILE = "serve_load_workers.json"  # serve_load.py --parts workers --out benchmarks/results/<this>
+
+
+def _workers() -> list[str]:
+    d = load_result(WORKERS_FILE)
+    if d is None:
+        return []
+    w = d["workers"]
+    rows = [w[k] for k in sorted(k for k in w if k.isdigit())]
+    lines = ["", "Several worker processes, one live catalogue: the live-catalogue measurement above through a "
+             "catalogue log (`seqrec serve --workers N --catalogue-log FILE`: each worker writes its changes there and "
+             "follows the others'), with 1 and 2 workers on this 2-core machine, one run "
+             f"(commit {d['machine']['commit']}; compare its rows with each other). With 2 workers an item counts as "
+             "visible once 5 answers in a row, each on a new connection and so from whichever worker takes it, "
+             "return it. `python benchmarks/serve_load.py --parts workers --out "
+             f"benchmarks/results/{WORKERS_FILE}`.", "",
+             *header(["workers", "index, engine", "failed POSTs", "failed, new item in the history",
+                      "/recommend requests/s meanwhile", "p50 ms", "p99 ms", "failed", "POST /items p50 ms",
+                      "visible after, median ms", "max ms", "within 1 s"])]
+    for r in rows:
+        load = r["load_during_adds"]
+        lines.append(f"| {r['workers']} | {r['index']}, {r['engine']} | {r['add_failures']} | "
+                     f"{r['new_in_history_failures']} | {load['requests_per_s']:.0f} | {load['p50_ms']:.1f} | "
+                     f"{load['p99_ms']:.1f} | {load['failed']} | {r['post_ms_p50']:.1f} | "
+                     f"{r['visible_s_p50'] * 1e3:.1f} | {r['visible_s_max'] * 1e3:.1f} | "
+                     f"{r['visible_within_1s']:,} of {r['added']:,} |")
+    restart = w["restart"]
+    times = restart["start_s_median"]
+    lines += ["", f"A restart after those {restart['changes']:,} additions: seconds from starting `seqrec serve` "
+              "(1 worker, exact index) until it answers /health, the median of "
+              f"{len(restart['start_s']['no log'])} starts each, with no log, with the log the additions wrote "
+              f"({restart['log_bytes'] / 1e6:.1f} MB: each line holds its texts' encoder vectors, so a replay runs "
+              "only the model's adaptor), and with the same log stripped of its vectors (as logs were before: "
+              f"{restart['log_without_vectors_bytes'] / 1e6:.2f} MB, every text through the encoder again).", "",
+              *header(["start", "seconds", "over no log"])]
+    for label, seconds in times.items():
+        lines.append(f"| {label} | {seconds:.1f} | {seconds - times['no log']:+.1f} s |")
+    return lines
 
 
 def _ab_runs(prefix: str, ab: tuple[tuple[str, str], ...]) -> list[tuple[str, str, dict[str, Any]]]:

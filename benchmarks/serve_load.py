@@ -14,6 +14,10 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
                 HNSW and an IVF index while /recommend load runs at concurrency 8: the latency of the
                 DELETEs (past a quarter of the index's rows dead, the index is rebuilt over the live
                 items) and of /recommend meanwhile, and how many rebuilds the service logged
+    workers     the live part's adds through a catalogue log (`--catalogue-log`) with 1 and 2 worker
+                processes (ivf, onnx engine; with 2, an item counts as visible once 5 answers in a row,
+                each on a new connection, return it), then the time until a restarted service answers:
+                with no log, with that log, and with the log stripped of its encoder vectors
     sessions    time per session event with the KV cache against re-encoding the history, at
                 history length 10, 50 and 200 (in process, 1 thread, exact top-10 over 100k items),
                 and the model's part alone (one cached step against encoding the whole history)
@@ -100,21 +104,24 @@ class Server:
     """`seqrec serve RUN` in a subprocess on a free loopback port, logging to a file."""
 
     def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact", engine: str = "torch",
-                 workers: int = 1) -> None:
+                 workers: int = 1, catalogue_log: Path | None = None) -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log.open("w")
         cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
                "--threads", str(threads), "--index", index, "--engine", engine, "--workers", str(workers)]
+        cmd += ["--catalogue-log", str(catalogue_log)] if catalogue_log else []
+        started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        deadline = time.time() + 180
+        deadline = time.time() + 300
         while time.time() < deadline:
             try:
                 if asyncio.run(call("127.0.0.1", self.port, "GET", "/health"))[0] == 200:
+                    self.start_s = time.perf_counter() - started  # until the service answers
                     return
             except OSError:
-                time.sleep(0.3)
+                time.sleep(0.1)
         self.stop()
         raise SystemExit(f"the service did not start; see {log}")
 
@@ -133,7 +140,7 @@ ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine
 LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
 # deletion rows: (results key, --index)
 DELETE_ROWS = (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf"))
-PARTS = ("recommend", "live", "deletes", "sessions")
+PARTS = ("recommend", "live", "workers", "deletes", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -159,8 +166,10 @@ def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index:
         server.stop()
 
 
-async def _live(port: int, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float
-                ) -> dict[str, Any]:
+async def _live(port: int, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float,
+                confirm: int = 1) -> dict[str, Any]:
+    """`confirm`: answers in a row (each on a new connection) that must return the new item; with several
+    worker processes, each answer comes from whichever worker takes the connection."""
     bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items, 1)]
     done = False
     load = asyncio.create_task(run_load("127.0.0.1", port, bodies, 8, n_requests, cap, stop=lambda: done))
@@ -173,13 +182,15 @@ async def _live(port: int, n_items: int, titles: list[str], n_add: int, n_reques
         t0 = time.perf_counter()  # visibility is timed from the POST's answer
         post_ms.append((t0 - t_sent) * 1e3)
         failures += status != 200
-        while time.perf_counter() - t0 < 5:
+        streak, first_seen = 0, float("inf")
+        while time.perf_counter() - t0 < 5 and streak < confirm:
             status, found = await call("127.0.0.1", port, "GET", f"/similar/i{twin}?k=5")
             if status == 200 and f"new{j}" in [r["item"] for r in found["items"]]:  # type: ignore[index]
-                visible.append(time.perf_counter() - t0)
-                break
-        else:
-            visible.append(float("inf"))
+                first_seen = time.perf_counter() - t0 if streak == 0 else first_seen
+                streak += 1
+            else:
+                streak = 0
+        visible.append(first_seen if streak == confirm else float("inf"))
         # a history holding the new item: the encoder reads its input vector (the onnx engine's table)
         status, _ = await call("127.0.0.1", port, "POST", "/recommend", {"history": [f"i{twin}", f"new{j}"], "k": 10})
         history_failures += status != 200
@@ -203,6 +214,44 @@ def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_request
         return out
     finally:
         server.stop()
+
+
+def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeats: int) -> dict[str, Any]:
+    """The live catalogue shared through a catalogue log by 1 and 2 worker processes (ivf, onnx engine),
+    then the restart: the time until a service answers with no log, with the log the adds wrote (their
+    encoder vectors in it) and with the same log stripped of its vectors (its texts encoded again)."""
+    work = WORK / "serve"
+    out: dict[str, Any] = {}
+    for workers in (1, 2):
+        journal = work / f"catalogue-workers{workers}.jsonl"
+        journal.unlink(missing_ok=True)
+        server = Server(run, work / f"workers{workers}.log", index="ivf", engine="onnx", workers=workers,
+                        catalogue_log=journal)
+        try:
+            out[str(workers)] = {"workers": workers, "index": "ivf", "engine": "onnx", **asyncio.run(
+                _live(server.port, n_items, titles, n_add, 1_000_000, 600.0, confirm=1 if workers == 1 else 5))}
+            print(f"live catalogue, {workers} worker(s): {out[str(workers)]}", flush=True)
+        finally:
+            server.stop()
+    full = work / "catalogue-workers2.jsonl"
+    bare = work / "catalogue-no-vectors.jsonl"
+    bare.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k not in ("vectors", "encoder")})
+                            + "\n" for line in full.read_text().splitlines()))
+    starts: dict[str, list[float]] = {"no log": [], "log with vectors": [], "log without vectors": []}
+    for _ in range(repeats):
+        for label, journal in (("no log", None), ("log with vectors", full), ("log without vectors", bare)):
+            copy = None
+            if journal is not None:  # a copy: a start settles the file it is given
+                copy = work / "catalogue-restart.jsonl"
+                copy.write_bytes(journal.read_bytes())
+            server = Server(run, work / "restart.log", catalogue_log=copy)
+            starts[label].append(server.start_s)
+            server.stop()
+    out["restart"] = {"changes": n_add, "log_bytes": full.stat().st_size,
+                      "log_without_vectors_bytes": bare.stat().st_size, "start_s": starts,
+                      "start_s_median": {k: float(np.median(v)) for k, v in starts.items()}}
+    print(f"restart: {out['restart']}", flush=True)
+    return out
 
 
 async def _deletes(port: int, n_items: int, n_delete: int, cap: float) -> dict[str, Any]:
@@ -309,6 +358,9 @@ def main() -> None:
         build_unisrec(unisrec_run, n_items, titles)
         for key, index, engine in LIVE_ROWS:
             results[key] = bench_live(unisrec_run, n_items, titles, n_add, 1_000_000, 600.0, index, engine)
+    if "workers" in args.parts:
+        build_unisrec(unisrec_run, n_items, titles)
+        results["workers"] = bench_workers(unisrec_run, n_items, titles, n_add, 1 if args.tiny else 3)
     if "deletes" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         for key, index in DELETE_ROWS:

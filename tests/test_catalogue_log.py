@@ -4,6 +4,7 @@ service comes back with the items added, replaced and removed while it ran (they
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from seqrec.errors import SeqrecError
 from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
+from seqrec.serve.catalogue import UnknownItem
 from tests.serve_helpers import train_tiny_runs
 
 fastapi = pytest.importorskip("fastapi")
@@ -93,6 +95,9 @@ def test_a_cut_short_last_line_is_dropped_and_the_log_goes_on(runs: dict[str, Pa
     ('{"op": "remove", "ids": ["i1"]}\n{"op": "remove", "ids": ["nope"]}\n', "catalogue.jsonl:2: unknown .*'nope'"),
     ('{"op": "remove", "ids": ["i1"]}\n{"op": "rename"}', "catalogue.jsonl:2"),  # whole JSON: not cut short
     ('{"op": "remove", "ids": ["i1"]}\n{"op": "catalogue", "items": 30, "fingerprint": "x"}\n', "must come first"),
+    ('{"op": "items", "items": {"x": "t"}, "encoder": "k", "vectors": "!!"}\n', 'jsonl:1: "vectors" is not base64'),
+    ('{"op": "items", "items": {"x": "t", "y": "u"}, "vectors": "AAAAAA=="}\n', "jsonl:1: .*not a row for each of 2"),
+    ('{"op": "items", "items": {"x": "t"}, "vectors": 3}\n', 'jsonl:1: .*"vectors" and "encoder" must be strings'),
 ])
 def test_a_bad_line_is_an_error_naming_it_and_changes_nothing(runs: dict[str, Path], tmp_path: Path, text: str,
                                                              needle: str) -> None:
@@ -114,13 +119,11 @@ def test_a_log_of_another_catalogue_is_refused(runs: dict[str, Path], tmp_path: 
         Recommender.from_run(runs["sasrec"]).keep_log(path)
 
 
-def test_one_writer_at_a_time_and_a_failed_write_changes_nothing(runs: dict[str, Path], tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_changes_nothing(runs: dict[str, Path], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "catalogue.jsonl"
     rec = Recommender.from_run(runs["unisrec"])
     rec.keep_log(path)
-    with pytest.raises(SeqrecError, match="another process is writing"):
-        Recommender.from_run(runs["unisrec"]).keep_log(path)
     before = path.read_bytes()
 
     def full_disk(fd: int) -> None:
@@ -135,7 +138,8 @@ def test_one_writer_at_a_time_and_a_failed_write_changes_nothing(runs: dict[str,
     assert path.read_bytes() == before  # no half line left
     assert "new1" not in rec.catalogue.index and not rec.catalogue.removed  # and no change made
     rec.add_items({"new1": "a red tool"})  # the next write goes on from there
-    assert json.loads(path.read_text().splitlines()[-1]) == {"op": "items", "items": {"new1": "a red tool"}}
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert (last["op"], last["items"], last["encoder"]) == ("items", {"new1": "a red tool"}, rec.encoder_key())
 
 
 def test_a_failed_change_takes_its_line_back(runs: dict[str, Path], tmp_path: Path,
@@ -154,16 +158,94 @@ def test_a_failed_change_takes_its_line_back(runs: dict[str, Path], tmp_path: Pa
     assert path.read_bytes() == before and "new1" not in rec.catalogue.index
 
 
-def test_several_workers_replay_the_log_and_none_writes_it(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_processes_sharing_a_log_make_the_same_catalogue(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Two processes writing one log (here two logs open on one file, which lock each other as processes do):
+    each change is made after the other's changes, so both end with the same items under the same indices."""
+    path = tmp_path / "catalogue.jsonl"
+    a, b = Recommender.from_run(runs["unisrec"]), Recommender.from_run(runs["unisrec"])
+    a.keep_log(path)
+    b.keep_log(path)
+    a.add_items({"new1": "a red tool for the garden"})
+    b.add_items({"new2": "blue glue for paper"})  # b takes new1 from the log first: new2 comes after it
+    assert b.catalogue.index["new1"] < b.catalogue.index["new2"]
+    b.remove_items(["new1"])
+    a.add_items({"new3": "small tape"})  # after new2 and the removal of new1
+    with pytest.raises(UnknownItem):
+        a.remove_items(["nope"])  # checked against the catalogue with every other change made
+    assert b.catalogue_log is not None and b.catalogue_log.catch_up(b) == 1
+    assert a.catalogue_log is not None and a.catalogue_log.catch_up(a) == 0
+    same_catalogue(a, b)
+    torch.testing.assert_close(a.catalogue.vectors, b.catalogue.vectors, atol=1e-6, rtol=0)  # the logged vectors
+    a.close_log()
+    b.close_log()
+    third = Recommender.from_run(runs["unisrec"])
+    assert third.keep_log(path) == (4, 0)
+    same_catalogue(a, third)
+
+
+def test_a_replay_takes_the_logged_vectors_and_encodes_texts_without_them(runs: dict[str, Path], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "catalogue.jsonl"
+    served = Recommender.from_run(runs["unisrec"])
+    served.keep_log(path)
+    served.add_items({"new1": "a red tool for the garden", "new2": "blue glue for paper"})
+    served.add_items({"new1": "a green saw"})
+    served.close_log()
+    lines = path.read_text().splitlines()
+
+    calls: list[list[str]] = []
+
+    def counted(self: object, texts: list[str]) -> torch.Tensor:
+        calls.append(texts)
+        return original(self, texts)
+
+    original = Recommender._encode
+    monkeypatch.setattr(Recommender, "_encode", counted)
+    again = Recommender.from_run(runs["unisrec"])
+    assert again.keep_log(path, write=False) == (2, 0)
+    assert calls == []  # no text went through the encoder
+    torch.testing.assert_close(again.catalogue.vectors, served.catalogue.vectors, atol=1e-6, rtol=0)
+
+    # an older line without vectors, and one from another encoder, have their texts encoded again
+    old = json.loads(lines[1])
+    del old["vectors"]
+    other = {**json.loads(lines[2]), "encoder": "another-encoder"}
+    path.write_text("\n".join([lines[0], json.dumps(old), json.dumps(other)]) + "\n")
+    third = Recommender.from_run(runs["unisrec"])
+    assert third.keep_log(path, write=False) == (2, 0)
+    assert [sorted(c) for c in calls] == [["a green saw", "blue glue for paper"]]  # one batch; new1's last text
+    assert third.catalogue.raw_ids == served.catalogue.raw_ids and third.catalogue.titles == served.catalogue.titles
+    torch.testing.assert_close(third.catalogue.vectors, served.catalogue.vectors, atol=1e-5, rtol=0)
+
+
+def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], tmp_path: Path) -> None:
+    """`seqrec serve --workers N --catalogue-log FILE`: a change made through any worker reaches the others
+    (their log followers); sessions stay off. A cut-short last line is settled by the first worker."""
     from seqrec.cli.serve import build_app
 
     path = tmp_path / "catalogue.jsonl"
-    text = '{"op": "remove", "ids": ["i1"]}\n{"op": "remove", "ids": ["i'  # a cut-short last line stays as it is
-    path.write_text(text)
-    options = {"run": str(runs["sasrec"]), "index": "exact", "threads": 1, "workers": 2, "max_sessions": 10,
+    path.write_text('{"op": "remove", "ids": ["i1"]}\n{"op": "remove", "ids": ["i')
+    options = {"run": str(runs["unisrec"]), "index": "exact", "threads": 1, "workers": 2, "max_sessions": 10,
                "session_events": 10, "session_ttl": 60.0, "max_body_bytes": 1 << 20, "catalogue_log": str(path)}
-    client = TestClient(build_app(options))  # type: ignore[arg-type]
-    assert client.get("/items/i1").json()["recommendable"] is False
-    assert client.delete("/items/i2").status_code == 409
-    assert path.read_text() == text
-    Recommender.from_run(runs["sasrec"]).keep_log(path)  # and no worker holds it: a single writer may
+    one, two = (build_app(options) for _ in range(2))
+    with TestClient(one) as first, TestClient(two) as second:  # type: ignore[arg-type]
+        assert first.get("/items/i1").json()["recommendable"] is False
+        assert first.delete("/items/i2").status_code == 200
+        body = {"items": [{"id": "new1", "text": "a red tool for the garden"}]}
+        assert second.post("/items", json=body).status_code == 200
+        assert second.post("/sessions/s1/events", json={"item": "i3"}).status_code == 409
+
+        def seen() -> bool:
+            return (first.get("/items/new1").status_code == 200
+                    and second.get("/items/i2").json()["recommendable"] is False)
+
+        deadline = time.monotonic() + 5
+        while not seen() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen()
+        health = first.get("/health").json()
+        assert (health["catalogue_changes"], health["catalogue_log_error"]) == (3, None)
+        history = {"history": ["i5", "new1"], "k": 5}
+        assert first.post("/recommend", json=history).json() == second.post("/recommend", json=history).json()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["op"] for line in lines] == ["remove", "remove", "items"]

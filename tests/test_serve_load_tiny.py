@@ -1,5 +1,6 @@
 """benchmarks/serve_load.py in its tiny mode: the service under bounded loopback load, the live catalogue
-on both engines (a text model served by ONNX Runtime while items are added by text), the sessions."""
+on both engines (a text model served by ONNX Runtime while items are added by text), shared by two worker
+processes through a catalogue log, the restarts, the sessions."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
         assert live["engine"] == engine and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0
         assert live["added"] == 20 and live["new_in_history_failures"] == 0  # a history may hold a new item
         assert live["visible_s_max"] < 5  # every added item found by /similar (the benchmark waits up to 5 s)
+    for workers in ("1", "2"):  # the adds through the catalogue log, every worker following it
+        live = result["workers"][workers]
+        assert live["added"] == 20 and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0
+        assert live["new_in_history_failures"] == 0 and live["visible_s_max"] < 5
+    restart = result["workers"]["restart"]
+    assert restart["changes"] == 20 and restart["log_bytes"] > restart["log_without_vectors_bytes"]
+    assert all(len(times) == 1 for times in restart["start_s"].values())
     for key, index in (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf")):
         gone = result[key]  # 600 of 2,000 items deleted: past a quarter, so the index was rebuilt
         assert gone["index"] == index and gone["deleted"] == 600 and gone["delete_failures"] == 0

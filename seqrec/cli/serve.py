@@ -30,13 +30,14 @@ def build_app(options: dict) -> object:
                                engine=options.get("engine", "auto"))
     rec.text_encoder()  # text models: the encoder is ready before the first new item
     one = int(options.get("workers", 1)) == 1
-    if options.get("catalogue_log"):  # several workers replay it, and none may change the catalogue
-        replayed, dropped = rec.keep_log(options["catalogue_log"], write=one)
+    if options.get("catalogue_log"):  # every worker writes its changes there and follows the others'
+        replayed, dropped = rec.keep_log(options["catalogue_log"], follow=True)
         logging.getLogger("seqrec.serve").info("catalogue log %s: %d change(s) replayed%s", options["catalogue_log"],
                                                replayed, ", a cut-short last line dropped" if dropped else "")
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
-                      sessions_enabled=one, catalogue_writable=one, max_queue=options.get("max_queue", MAX_QUEUE))
+                      sessions_enabled=one, catalogue_writable=one or bool(options.get("catalogue_log")),
+                      max_queue=options.get("max_queue", MAX_QUEUE))
 
 
 def app_from_env() -> object:
@@ -141,7 +142,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--index", choices=["exact", "hnsw", "ivf"], default="exact",
                    help="top-k retrieval: exact scoring, or a FAISS HNSW / IVF index")
     s.add_argument("--workers", type=int, default=1,
-                   help="worker processes; with more than one, the catalogue is read-only and sessions are off")
+                   help="worker processes; with more than one, sessions are off and the catalogue changes only "
+                        "through --catalogue-log, which the workers share")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",
@@ -153,7 +155,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")
     s.add_argument("--catalogue-log", metavar="FILE",
                    help="keep the live catalogue's changes (items added or replaced by text, items removed) in "
-                        "this JSON-lines file: replayed at start, appended to before each change is answered")
+                        "this JSON-lines file: replayed at start, appended to before each change is answered, "
+                        "and followed for the changes other workers (or services on the same file) make")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
     s.add_argument("--max-queue", type=int, default=1024,
                    help="/recommend requests that may wait for the model; more are answered 503 (Retry-After)")

@@ -128,6 +128,8 @@ class Health(BaseModel):
     index_rebuilding: bool  # a FAISS index being rebuilt in the background (after heavy changes)
     sessions: int
     takes_text: bool
+    catalogue_changes: int | None = None  # the changes in the catalogue log, whichever process made them
+    catalogue_log_error: str | None = None  # why this process stopped following the catalogue log, if it did
 
 
 def _items(recs: list[Recommendation]) -> list[Item]:
@@ -157,8 +159,9 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
                session_ttl_s: float = 1800.0, limits: Limits | None = None, sessions_enabled: bool = True,
                catalogue_writable: bool = True, max_queue: int = MAX_QUEUE) -> FastAPI:
     """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
-    answered 503 with Retry-After. `sessions_enabled` / `catalogue_writable` are off when several worker
-    processes serve one port (each would hold its own sessions and catalogue)."""
+    answered 503 with Retry-After. `sessions_enabled` is off when several worker processes
+    serve one port (each would hold its own sessions), `catalogue_writable` when they share no catalogue
+    log (each would hold its own catalogue)."""
     app = FastAPI(title="seqrec", version=_version(),
                   description="Sequential recommendation: top-k next items for a history of raw item ids.")
     metrics = Metrics()
@@ -284,9 +287,12 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
+        journal = rec.catalogue_log
         return Health(status="ok", model=rec.model.name, n_items=rec.catalogue.n_active,
                       index=rec.catalogue.retriever.kind, index_rebuilding=rec.catalogue.retriever.rebuilding,
-                      sessions=len(sessions), takes_text=rec.takes_text)
+                      sessions=len(sessions), takes_text=rec.takes_text,
+                      catalogue_changes=None if journal is None else journal.changes,
+                      catalogue_log_error=None if journal is None else journal.error)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
@@ -305,8 +311,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
 def _writable(on: bool) -> None:
     if not on:
-        raise HTTPException(409, "the catalogue is read-only when several worker processes serve it; "
-                                 "start the service with --workers 1 to add or remove items")
+        raise HTTPException(409, "several worker processes share a catalogue through a catalogue log: start the "
+                                 "service with --catalogue-log FILE (or --workers 1) to add or remove items")
 
 
 def _sessions_on(on: bool) -> None:

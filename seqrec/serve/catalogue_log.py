@@ -1,26 +1,37 @@
-"""The live catalogue's changes on disk, so that a restarted service comes back with them.
+"""The live catalogue's changes on disk: a restarted service comes back with them, and the processes that
+serve one catalogue (`seqrec serve --workers N`, or services started apart on one file) share them.
 
-`seqrec serve RUN --catalogue-log FILE` (or `Recommender.keep_log(FILE)`) replays FILE at start and
-then appends one JSON line per change the service makes:
+`seqrec serve RUN --catalogue-log FILE` (or `Recommender.keep_log(FILE)`) replays FILE at start, then
+appends one JSON line per change the process makes and, while it serves (`follow`), applies the lines
+other processes append:
 
     {"op": "catalogue", "items": N, "fingerprint": "..."}  first line: the catalogue it was written for
-    {"op": "items", "items": {"raw id": "text", ...}}     POST /items: added, or text replaced
+    {"op": "items", "items": {"raw id": "text", ...},      POST /items: added, or text replaced,
+     "encoder": "...", "vectors": "..."}                   with the texts' frozen-encoder vectors
     {"op": "remove", "ids": ["raw id", ...]}               DELETE /items/{id}, POST /items/remove
 
-A change's line is written and flushed to the disk (fsync) under the catalogue's lock before the
-change is applied, and taken back if applying it fails, so the file holds exactly the changes
-made, in order, and each before its request is answered. Replaying gives the same catalogue: the
-same raw ids under the same item indices, texts and removed items (an item's vector is its text
-through the frozen encoder and adaptor again, so equal up to floating-point rounding). A run of
-"items" lines is replayed as one batch for the text encoder, a run of "remove" lines as one removal.
+A writer holds the file's exclusive lock (flock) through the whole change: it first applies what other
+processes appended since it last read, checks its change against that catalogue, writes the change's
+line and flushes it to the disk (fsync), makes the change, and takes the line back if making it fails.
+Readers hold the shared lock, so no process reads a line whose change is still being made. The file
+holds exactly the changes made, in order, each before its request was answered.
 
-A last line cut short (the process stopped while writing it; its change was never applied) is
-dropped with a warning; a bad line anywhere else, a log written for another catalogue (the first
-line's fingerprint of the run's item ids) or a second process writing the same file is an error.
+Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
+items. An "items" line carries its texts through the frozen text encoder (`vectors`: little-endian
+float32, base64, one row per item; `encoder` names the encoder and its settings), so replaying it or
+taking it from another process runs only the model's adaptor, not the text encoder, on the vectors the
+writer had. A line without them (older logs) or from another encoder has its texts encoded again.
+A run of "items" lines is applied as one batch, a run of "remove" lines as one removal.
+
+A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
+warning by the next writer; a bad line anywhere else, or a log written for another catalogue (the first
+line's fingerprint of the run's item ids), is an error naming the file and line.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import fcntl
 import hashlib
@@ -28,9 +39,12 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
 
 from seqrec.errors import SeqrecError
 
@@ -39,45 +53,238 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+FOLLOW_INTERVAL_S = 0.1  # how often a following process looks for lines other processes appended
+
 
 def catalogue_fingerprint(raw_ids: Sequence[str]) -> str:
     """The catalogue a log belongs to: its raw ids in index order."""
     return hashlib.sha256("\n".join(raw_ids).encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
+def pack_vectors(vectors: torch.Tensor) -> str:
+    """(n, D) vectors as an "items" line keeps them, bit for bit."""
+    return base64.b64encode(vectors.detach().cpu().float().numpy().astype("<f4").tobytes()).decode("ascii")
+
+
+def unpack_vectors(text: str, rows: int) -> np.ndarray:
+    """`pack_vectors`'s (rows, D) float32 array; a SeqrecError if `text` is not that."""
+    try:
+        flat = np.frombuffer(base64.b64decode(text, validate=True), dtype="<f4")
+    except (binascii.Error, ValueError):
+        raise SeqrecError('"vectors" is not base64 float32') from None
+    if rows == 0 or flat.size == 0 or flat.size % rows:
+        raise SeqrecError(f'"vectors" holds {flat.size} floats, not a row for each of {rows} item(s)')
+    return flat.reshape(rows, -1).astype(np.float32)
+
+
 class CatalogueLog:
-    """An append-only JSON-lines file of catalogue changes (module docstring)."""
+    """An append-only JSON-lines file of catalogue changes, shared by the processes that serve one
+    catalogue (module docstring)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
-        self._file: IO[bytes] | None = None  # open for appending, and locked against other processes
+        self._lock = threading.Lock()  # this process's threads reach the file one at a time
+        self._fd: int | None = None
+        self._writable = False
+        self._offset = 0  # the bytes read and applied: whole lines
+        self._lines = 0  # the lines read
+        self._changes = 0  # the changes read (whatever process made them)
+        self._headed = False  # the catalogue line was read
+        self._base: dict[str, Any] = {}  # the catalogue line of the catalogue served
+        self.error: str | None = None  # why this process stopped following the file, if it did
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
+
+    @property
+    def changes(self) -> int:
+        """The changes in the file as this process last read it (its own included)."""
+        return self._changes
 
     def replay(self, rec: LiveCatalogue, write: bool = True) -> tuple[int, int]:
-        """Apply every change in the file to `rec`; with `write`, then hold the file for appending.
-        -> (changes replayed, lines dropped: 0 or 1, a cut-short last one). Without `write` the file is
-        only read (several worker processes replay it)."""
+        """Apply every change in the file to `rec`; with `write`, make the file ready for this process's
+        changes too. -> (changes replayed, lines dropped: 0 or 1, a cut-short last one)."""
         ids = rec.catalogue.raw_ids
-        base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
-        data = self.path.read_bytes() if self.path.exists() else b""
-        head, records, good_bytes, dropped = self._parse(data)
-        if head is not None and head["fingerprint"] != base["fingerprint"]:
-            raise SeqrecError(f"{self.path} was written for another catalogue ({head['items']:,} items, fingerprint "
-                              f"{head['fingerprint']}; this run's: {base['items']:,} items, {base['fingerprint']}): "
-                              "start this run with a new log")
-        self._apply(rec, records)
-        if write:
-            self._open(data, good_bytes if dropped else None, base if not data.strip() else None)
+        self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
+        except FileNotFoundError:
+            return 0, 0  # nothing to read (yet); `catch_up` looks again
+        except OSError as exc:
+            raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
+                              f"({exc.strerror})") from None
+        self._writable = write
+        with rec.catalogue.lock, self._lock:
+            with self._flock(fcntl.LOCK_SH):
+                replayed, dropped = self._sync(rec, fix=False)
+            if write:  # settle a cut-short last line and start a new file with its catalogue line
+                with self._flock(fcntl.LOCK_EX):
+                    more, dropped = self._sync(rec, fix=True)
+                    replayed += more
+        return replayed, dropped
+
+    def follow(self, rec: LiveCatalogue, interval_s: float = FOLLOW_INTERVAL_S) -> None:
+        """From now on apply, in a background thread, the changes other processes append."""
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.catch_up(rec)
+                except Exception as exc:  # the thread says why it stopped; it must not die silently
+                    self.error = f"stopped following {self.path}: {exc}"
+                    log.error("%s", self.error)
+                    return
+
+        self._follower = threading.Thread(target=loop, name="seqrec-catalogue-follow", daemon=True)
+        self._follower.start()
+
+    def catch_up(self, rec: LiveCatalogue) -> int:
+        """Apply the changes other processes appended since this one last read the file -> how many."""
+        if self._fd is None:
+            return self.replay(rec, write=False)[0] if self.path.exists() else 0
+        if os.fstat(self._fd).st_size == self._offset:  # nothing new: no lock taken
+            return 0
+        with rec.catalogue.lock, self._lock, self._flock(fcntl.LOCK_SH):
+            return self._sync(rec, fix=False)[0]
+
+    @contextlib.contextmanager
+    def change(self, rec: LiveCatalogue, record: dict[str, Any],
+               check: Callable[[], object] | None = None) -> Iterator[None]:
+        """(Under `rec`'s catalogue lock.) Around making a change: the changes other processes made are
+        applied first and `check` run on the result, then the change's line is put on the disk; it is
+        taken back if making the change fails."""
+        if self._fd is None or not self._writable:
+            raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
+        with self._lock:
+            if self.error:
+                raise SeqrecError(f"{self.error}; restart the service")
+            with self._flock(fcntl.LOCK_EX):
+                self._sync(rec, fix=True)
+                if check is not None:
+                    check()
+                start = self._append(_line(record))
+                try:
+                    yield
+                except BaseException:
+                    self._truncate(start)
+                    raise
+                self._offset = os.fstat(self._fd).st_size
+                self._lines += 1
+                self._changes += 1
+
+    def close(self) -> None:
+        """Stop following and let the file go."""
+        self._stop.set()
+        if self._follower is not None and self._follower is not threading.current_thread():
+            self._follower.join()
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    # ---- under self._lock and the file's lock --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _flock(self, how: int) -> Iterator[None]:
+        assert self._fd is not None
+        fcntl.flock(self._fd, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _sync(self, rec: LiveCatalogue, fix: bool) -> tuple[int, int]:
+        """Read and apply the lines after `_offset`. A last line without its newline is another process's
+        that stopped while writing it: with `fix` (the exclusive lock held) it is given its newline when
+        it is a whole change, else cut off (and counted); without, it is left for a writer to settle.
+        With `fix`, an empty file gets its catalogue line. -> (changes applied, lines cut off)."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size < self._offset:
+            raise SeqrecError(f"{self.path} is shorter than when it was read: the catalogue log was changed "
+                              "by something other than seqrec")
+        data = os.pread(self._fd, size - self._offset, self._offset)
+        whole = data[: data.rfind(b"\n") + 1]
+        tail = data[len(whole):]
+        records = self._parse(whole)
+        ended = len(whole)
+        dropped = 0
+        number = self._lines + whole.count(b"\n") + 1  # the tail's line
+        if tail.strip() and fix:
+            where = f"{self.path}:{number}"
+            try:
+                record = json.loads(tail)
+            except ValueError as exc:  # UnicodeDecodeError too
+                log.warning("%s: dropping a last line that was cut short (%s)", where, exc)
+                self._truncate(self._offset + len(whole))
+                dropped = 1
+            else:  # whole JSON: a change whose newline was cut off (it was made), or a bad line
+                records.append((number, self._record(record, where)))
+                os.write(self._fd, b"\n")
+                ended = len(data) + 1
+        try:
+            self._apply(rec, records)
+        except Exception as exc:  # applied in part: this process's catalogue no longer follows the file
+            self.error = f"{self.path}: cannot apply its changes ({exc})"
+            raise
+        self._offset += ended
+        self._lines = number - (ended == len(whole))
+        self._changes += len(records)
+        if fix and self._offset == 0:
+            self._append(_line(self._base))
+            self._offset, self._lines, self._headed = os.fstat(self._fd).st_size, 1, True
         return len(records), dropped
 
+    def _parse(self, data: bytes) -> list[tuple[int, dict[str, Any]]]:
+        """(line number, change) for each change in whole lines read after `_lines`."""
+        records: list[tuple[int, dict[str, Any]]] = []
+        for number, raw in enumerate(data.split(b"\n")[:-1], self._lines + 1):
+            if not raw.strip():
+                continue
+            where = f"{self.path}:{number}"
+            try:
+                record = json.loads(raw)
+            except ValueError as exc:  # UnicodeDecodeError too
+                raise SeqrecError(f"{where}: not JSON ({exc})") from None
+            if isinstance(record, dict) and record.get("op") == "catalogue":
+                self._check_catalogue(record, where, first=not (self._headed or self._changes or records))
+                self._headed = True
+                continue
+            records.append((number, self._record(record, where)))
+        return records
+
+    def _check_catalogue(self, record: dict[str, Any], where: str, first: bool) -> None:
+        if not (isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)):
+            raise SeqrecError(f"{where}: not a catalogue change: a bad catalogue line")
+        if not first:
+            raise SeqrecError(f"{where}: not a catalogue change: a catalogue line must come first")
+        if record["fingerprint"] != self._base["fingerprint"]:
+            raise SeqrecError(f"{self.path} was written for another catalogue ({record['items']:,} items, "
+                              f"fingerprint {record['fingerprint']}; this run's: {self._base['items']:,} items, "
+                              f"{self._base['fingerprint']}): start this run with a new log")
+
+    @staticmethod
+    def _record(record: Any, where: str) -> dict[str, Any]:
+        """A change read from a line, its vectors unpacked; a SeqrecError naming the line if it is none."""
+        why = _invalid(record)
+        if why:
+            raise SeqrecError(f"{where}: not a catalogue change: {why}")
+        if record["op"] == "items" and "vectors" in record:
+            try:
+                record["vectors"] = unpack_vectors(record["vectors"], len(record["items"]))
+            except SeqrecError as exc:
+                raise SeqrecError(f"{where}: {exc}") from None
+        return record
+
     def _apply(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
-        adding: dict[str, str] = {}  # a run of "items" lines, one batch for the encoder
+        adding: dict[str, tuple[str, np.ndarray | None]] = {}  # a run of "items" lines, one batch
         removing: list[str] = []  # a run of "remove" lines, one removal
         lines: list[int] = []  # the lines of the run
+        key = rec.encoder_key() if any(r["op"] == "items" for _, r in records) else None
         for number, record in records:
             if record["op"] == "items":
                 self._flush(rec, {}, removing, lines)
-                adding.update(record["items"])  # a later text of the same id wins, as it did when served
+                vectors = record.get("vectors") if record.get("encoder") == key else None
+                for row, (raw, text) in enumerate(record["items"].items()):  # a later text of an id wins
+                    adding[raw] = (text, None if vectors is None else vectors[row])
             else:
                 self._flush(rec, adding, [], lines)  # every item added before this line is known from here on
                 unknown = [i for i in record["ids"] if i not in rec.catalogue.index]
@@ -87,15 +294,16 @@ class CatalogueLog:
             lines.append(number)
         self._flush(rec, adding, removing, lines)
 
-    def _flush(self, rec: LiveCatalogue, adding: dict[str, str], removing: list[str], lines: list[int]) -> None:
+    def _flush(self, rec: LiveCatalogue, adding: dict[str, tuple[str, np.ndarray | None]], removing: list[str],
+               lines: list[int]) -> None:
         """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
         if not (adding or removing):
             return
         try:
             if adding:
-                rec.add_items(adding)
+                rec.apply_items(adding)
             if removing:
-                rec.remove_items(removing)
+                rec.apply_removal(removing)
         except SeqrecError as exc:
             where = f"{lines[0]}" if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
             raise SeqrecError(f"{self.path}:{where}: {exc}") from None
@@ -103,114 +311,39 @@ class CatalogueLog:
         removing.clear()
         lines.clear()
 
-    def _parse(self, data: bytes) -> tuple[dict[str, Any] | None, list[tuple[int, dict[str, Any]]], int, int]:
-        """(the first line's catalogue record or None, (line number, change) for each change, the bytes up to
-        the last good line, 1 if a cut-short last line was dropped)."""
-        lines = data.split(b"\n")
-        head: dict[str, Any] | None = None
-        records: list[tuple[int, dict[str, Any]]] = []
-        good_bytes = offset = 0
-        for number, raw in enumerate(lines, 1):
-            offset += len(raw) + 1
-            if not raw.strip():
-                continue
-            where = f"{self.path}:{number}"
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:  # UnicodeDecodeError too
-                if number == len(lines):  # no newline after it: cut short while being written
-                    log.warning("%s: dropping a last line that was cut short (%s)", where, exc)
-                    return head, records, good_bytes, 1
-                raise SeqrecError(f"{where}: not JSON ({exc})") from None
-            why = _invalid(record, first=head is None and not records)
-            if why:
-                raise SeqrecError(f"{where}: not a catalogue change: {why}")
-            if record["op"] == "catalogue":
-                head = record
-            else:
-                records.append((number, record))
-            good_bytes = min(offset, len(data))
-        return head, records, good_bytes, 0
-
-    def _open(self, data: bytes, cut_at: int | None, head: dict[str, Any] | None) -> None:
-        """Hold the file for appending: no other process may write it; a cut-short last line is cut off, a
-        last line without its newline given one, and a new file starts with its catalogue line."""
+    def _append(self, line: bytes) -> int:
+        """Write one line (on the disk when this returns) -> where it starts."""
+        assert self._fd is not None
+        start = os.fstat(self._fd).st_size
         try:
-            f = self.path.open("a+b")
-        except OSError as exc:
-            raise SeqrecError(f"{self.path}: cannot write the catalogue log ({exc.strerror})") from None
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise SeqrecError(f"{self.path}: another process is writing this catalogue log") from None
-        if cut_at is not None:
-            f.truncate(cut_at)
-        elif data and not data.endswith(b"\n"):
-            f.write(b"\n")
-        if head is not None:
-            f.write(_line(head))
-        f.flush()
-        os.fsync(f.fileno())
-        self._file = f
-
-    @contextlib.contextmanager
-    def change(self, record: dict[str, Any]) -> Iterator[None]:
-        """Around making a change: its line is on the disk before, and taken back if making it fails."""
-        start = self._append(record)
-        try:
-            yield
+            os.write(self._fd, line)
+            os.fsync(self._fd)
         except BaseException:
-            self._take_back(start)
+            self._truncate(start)  # no half line for the next one to run into
             raise
+        return start
 
-    def _append(self, record: dict[str, Any]) -> int:
-        """Write one change's line (on the disk when this returns) -> where it starts."""
-        if self._file is None:
-            raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
-        line = _line(record)
-        with self._lock:
-            start = os.fstat(self._file.fileno()).st_size
-            try:
-                self._file.write(line)
-                self._file.flush()
-                os.fsync(self._file.fileno())
-            except BaseException:
-                self._file.truncate(start)  # no half line for the next one to run into
-                raise
-            return start
-
-    def close(self) -> None:
-        """Let the file go (another process may write it from now on)."""
-        with self._lock:
-            if self._file is not None:
-                self._file.close()  # the lock goes with it
-                self._file = None
-
-    def _take_back(self, start: int) -> None:
-        """Remove the line written at `start` (its change could not be made)."""
-        if self._file is not None:
-            with self._lock:
-                self._file.truncate(start)
-                os.fsync(self._file.fileno())
+    def _truncate(self, size: int) -> None:
+        assert self._fd is not None
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
 
 
 def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record) + "\n").encode()  # ASCII: any string, a lone surrogate too, round-trips
 
 
-def _invalid(record: Any, first: bool) -> str | None:
-    """What is wrong with a line's record, or None."""
-    if not isinstance(record, dict) or record.get("op") not in ("catalogue", "items", "remove"):
+def _invalid(record: Any) -> str | None:
+    """What is wrong with a change read from a line, or None."""
+    if not isinstance(record, dict) or record.get("op") not in ("items", "remove"):
         return 'expected {"op": "items", ...} or {"op": "remove", ...}'
-    if record["op"] == "catalogue":
-        ok = isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)
-        return None if ok and first else ("a catalogue line must come first" if ok else "a bad catalogue line")
     if record["op"] == "items":
         items = record.get("items")
-        if not isinstance(items, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v.strip()
-                                                  for k, v in items.items()):
+        if not isinstance(items, dict) or not items or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v.strip() for k, v in items.items()):
             return '"items" must map raw ids to texts that are not empty'
+        if not isinstance(record.get("vectors", ""), str) or not isinstance(record.get("encoder", ""), str):
+            return '"vectors" and "encoder" must be strings'
         return None
     ids = record.get("ids")
     return None if isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) else '"ids" must list raw ids'

@@ -6,16 +6,19 @@ catalogue and ONNX engine."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.serve.catalogue import Catalogue
-from seqrec.serve.catalogue_log import CatalogueLog
+from seqrec.serve.catalogue_log import CatalogueLog, pack_vectors
 from seqrec.serve.onnx_engine import OnnxEncoder
 
 
@@ -39,19 +42,46 @@ class LiveCatalogue:
         recommendable (and usable in histories) as soon as this returns. Needs a text model.
         Returns (added, replaced): the raw ids that were new and those whose text was replaced, as
         decided under the catalogue's lock (so two concurrent calls never both add one id)."""
+        self._check_takes_text()
+        if not texts:
+            raise SeqrecError("no items given")
+        text_vectors = self._encode(list(texts.values()))
+        record = None
+        if self._log is not None:
+            record = {"op": "items", "items": dict(texts), "encoder": self.encoder_key(),
+                      "vectors": pack_vectors(text_vectors)}
+        return self._add_encoded(texts, text_vectors, record)
+
+    def apply_items(self, items: Mapping[str, tuple[str, np.ndarray | None]]) -> None:
+        """Add or replace items (raw id -> (text, its frozen-encoder vector or None)) as a catalogue log
+        records them, without logging them again; texts without a vector are encoded."""
+        self._check_takes_text()
+        texts = {raw: text for raw, (text, _) in items.items()}
+        missing = [raw for raw, (_, vector) in items.items() if vector is None]
+        encoded = dict(zip(missing, self._encode([texts[raw] for raw in missing]), strict=True)) if missing else {}
+        rows = [encoded[raw] if vector is None else torch.from_numpy(vector) for raw, (_, vector) in items.items()]
+        if len({row.shape for row in rows}) > 1 or rows[0].shape[0] != self.text_encoder().dim:
+            raise SeqrecError(f"item text vectors of width {rows[0].shape[0]} do not fit the run's text "
+                              f"encoder ({self.text_encoder().dim})")
+        self._add_encoded(texts, torch.stack(rows), None)
+
+    def _check_takes_text(self) -> None:
         if not self.takes_text:
             raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
         if self._no_new_text:
             raise SeqrecError(self._no_new_text)
-        if not texts:
-            raise SeqrecError("no items given")
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
         from seqrec.data.text import encode_texts
 
         options = self.model.config.text_options()  # type: ignore[union-attr,operator]
-        text_vectors = encode_texts(list(texts.values()), options, encoder=self.text_encoder())
+        return encode_texts(texts, options, encoder=self.text_encoder())
+
+    def _add_encoded(self, texts: Mapping[str, str], text_vectors: torch.Tensor,
+                     record: dict[str, Any] | None) -> tuple[list[str], list[str]]:
         device = self.catalogue.vectors.device
         cat, model = self.catalogue, self.model
-        with cat.lock, torch.no_grad(), self._change({"op": "items", "items": dict(texts)}):
+        with cat.lock, torch.no_grad(), self._change(record):
             known = [i for i, raw in enumerate(texts) if raw in cat.index]
             new = [i for i, raw in enumerate(texts) if raw not in cat.index]
             raws, values = list(texts), list(texts.values())
@@ -86,12 +116,28 @@ class LiveCatalogue:
             self._text_encoder = load_text_encoder(self.model.config.text_options())  # type: ignore[union-attr,operator]
         return self._text_encoder
 
+    def encoder_key(self) -> str | None:
+        """What a text's frozen-encoder vector depends on (the encoder's files, its pooling and length), as
+        a catalogue log's lines name it; None for a model without item text."""
+        encoder = self.text_encoder()
+        if encoder is None:
+            return None
+        local = encoder.revision.startswith("local-")  # a fingerprint of the files, wherever they are
+        what = [encoder.revision if local else [encoder.source, encoder.revision], encoder.pooling,
+                encoder.max_length]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
     def remove_items(self, raws: Sequence[str]) -> None:
-        """Stop recommending these items (they stay known, so histories may still hold them)."""
+        """Stop recommending these items (they stay known, so histories may still hold them). Every id
+        must be known, or nothing is removed."""
+        with self.catalogue.lock, self._change({"op": "remove", "ids": list(raws)},
+                                               check=lambda: self.catalogue.lookup(raws)):
+            self.catalogue.remove(self.catalogue.lookup(raws))
+
+    def apply_removal(self, raws: Sequence[str]) -> None:
+        """Remove items as a catalogue log records it, without logging it again."""
         with self.catalogue.lock:
-            ids = self.catalogue.lookup(raws)  # every id known, or nothing removed
-            with self._change({"op": "remove", "ids": list(raws)}):
-                self.catalogue.remove(ids)
+            self.catalogue.remove(self.catalogue.lookup(raws))
 
     def close_log(self) -> None:
         """Stop keeping catalogue changes (`keep_log`) and let the file go."""
@@ -99,16 +145,29 @@ class LiveCatalogue:
         if journal is not None:
             journal.close()
 
-    def _change(self, record: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-        """(Under the catalogue's lock.) Around making a change: its line in the catalogue log, if one is kept."""
-        return contextlib.nullcontext() if self._log is None else self._log.change(record)
+    def _change(self, record: dict[str, Any] | None,
+                check: Callable[[], object] | None = None) -> contextlib.AbstractContextManager[None]:
+        """(Under the catalogue's lock.) Around making a change: its line in the catalogue log, if one is kept
+        and the change is this process's own (`record`); `check` runs after the log's other changes."""
+        if self._log is None or record is None:
+            return contextlib.nullcontext()
+        return self._log.change(self, record, check)
 
-    def keep_log(self, path: Path | str, write: bool = True) -> tuple[int, int]:
+    def keep_log(self, path: Path | str, write: bool = True, follow: bool = False) -> tuple[int, int]:
         """Replay the catalogue changes kept in `path` (items added by text, texts replaced, items removed;
-        `seqrec.serve.catalogue_log`), then, with `write`, append every change made from now on, so that
-        a restarted service comes back with them. Returns (changes replayed, cut-short lines dropped)."""
+        `seqrec.serve.catalogue_log`); with `write`, append every change made from now on, so that a
+        restarted service comes back with them; with `follow`, apply in the background the changes other
+        processes append to it (the worker processes of one service, or services started apart on one
+        file). Returns (changes replayed, cut-short lines dropped)."""
         self.close_log()
         journal = CatalogueLog(path)
         counts = journal.replay(self, write)
-        self._log = journal if write else None
+        if follow:
+            journal.follow(self)
+        self._log = journal if write or follow else None
         return counts
+
+    @property
+    def catalogue_log(self) -> CatalogueLog | None:
+        """The catalogue log kept (`keep_log`), if any."""
+        return self._log
