@@ -33,7 +33,7 @@ serve-demo: setup
 	$(VENV)/bin/seqrec data prepare ml-100k
 	test -f $(SERVE_RUN)/results.json || $(VENV)/bin/seqrec train --dataset ml-100k \
 	  --config configs/ml-100k-sasrec.toml --set 'model.positions_from="start"' --out $(SERVE_RUN)
-	$(VENV)/bin/seqrec serve $(SERVE_RUN) --port $(PORT)
+	$(VENV)/bin/seqrec serve $(SERVE_RUN) --port $(PORT) --catalogue-log $(SERVE_RUN)/catalogue.jsonl
 
 # The pre-trained text model (configs/pretrain.toml: Amazon Games titles, the domain that transferred
 # best to Scientific) from ../shared/data; Scientific stays out (a target). Weights stay local: the data's terms.

@@ -3,7 +3,9 @@ service comes back with the items added, replaced and removed while it ran (they
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from seqrec.errors import SeqrecError
 from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
 from seqrec.serve.catalogue import UnknownItem
+from seqrec.serve.catalogue_log import CatalogueLogBroken
 from tests.serve_helpers import train_tiny_runs
 
 fastapi = pytest.importorskip("fastapi")
@@ -107,6 +110,7 @@ def test_a_bad_line_is_an_error_naming_it_and_changes_nothing(runs: dict[str, Pa
     with pytest.raises(SeqrecError, match=needle):
         rec.keep_log(path)
     assert path.read_text() == text
+    assert not rec.catalogue.removed and rec.catalogue_log is None  # no line applied, no log kept
 
 
 def test_a_log_of_another_catalogue_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -156,6 +160,85 @@ def test_a_failed_change_takes_its_line_back(runs: dict[str, Path], tmp_path: Pa
     with pytest.raises(RuntimeError, match="the index failed"):
         rec.add_items({"new1": "a red tool"})
     assert path.read_bytes() == before and "new1" not in rec.catalogue.index
+    # a change that failed half-way may have been made in part: this process stops changing the catalogue
+    monkeypatch.undo()
+    with pytest.raises(CatalogueLogBroken, match="restart the service"):
+        rec.remove_items(["i1"])
+    assert path.read_bytes() == before
+    restarted = Recommender.from_run(runs["unisrec"])
+    assert restarted.keep_log(path) == (0, 0)
+    restarted.add_items({"new1": "a red tool"})
+
+
+def test_a_short_write_still_writes_the_whole_line(runs: dict[str, Path], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.write may write fewer bytes than asked (a nearly full disk) without an error."""
+    import os
+
+    path = tmp_path / "catalogue.jsonl"
+    rec = Recommender.from_run(runs["unisrec"])
+    rec.keep_log(path)
+    write = os.write
+    monkeypatch.setattr("seqrec.serve.catalogue_log.os.write", lambda fd, data: write(fd, bytes(data[:7])))
+    rec.add_items({"new1": "a red tool"})
+    rec.remove_items(["i1"])
+    monkeypatch.undo()
+    rec.close_log()
+    assert [json.loads(line)["op"] for line in path.read_text().splitlines()] == ["catalogue", "items", "remove"]
+
+
+def test_no_process_reads_a_line_whose_change_is_being_made(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A writer holds the file's exclusive lock from its line until its change is made or taken back: another
+    process (here another log on the file, which the lock treats alike) waits, and never sees a line that
+    is taken back."""
+    path = tmp_path / "catalogue.jsonl"
+    a, b = Recommender.from_run(runs["sasrec"]), Recommender.from_run(runs["sasrec"])
+    a.keep_log(path)
+    b.keep_log(path)
+    assert a.catalogue_log is not None and b.catalogue_log is not None
+    entered, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        assert a.catalogue_log is not None
+        with contextlib.suppress(RuntimeError), a.catalogue.lock, \
+                a.catalogue_log.change(a, {"op": "remove", "ids": ["i4"]}):
+            entered.set()
+            release.wait(10)
+            raise RuntimeError("the change failed")
+
+    first = threading.Thread(target=writer)
+    first.start()
+    assert entered.wait(10)
+    read: list[int] = []
+    second = threading.Thread(target=lambda: read.append(b.catalogue_log.catch_up(b)))  # type: ignore[union-attr]
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and not read  # waiting for the writer
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert read == [0] and not b.catalogue.removed  # the line was taken back before b could read it
+    assert a.catalogue_log.error is not None and b.catalogue_log.error is None
+
+
+def test_a_follower_that_cannot_read_the_log_stops_and_says_so(runs: dict[str, Path], tmp_path: Path) -> None:
+    from seqrec.cli.serve import build_app
+
+    path = tmp_path / "catalogue.jsonl"
+    options = {"run": str(runs["sasrec"]), "index": "exact", "threads": 1, "workers": 2, "max_sessions": 10,
+               "session_events": 10, "session_ttl": 60.0, "max_body_bytes": 1 << 20, "catalogue_log": str(path)}
+    with TestClient(build_app(options)) as client:  # type: ignore[arg-type]
+        assert client.get("/health").json()["status"] == "ok"
+        with path.open("a") as f:
+            f.write('{"op": "remove", "ids": ["nope"]}\n')  # another process's line this one cannot apply
+        deadline = time.monotonic() + 5
+        while client.get("/health").json()["status"] == "ok" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        health = client.get("/health").json()
+        assert health["status"] == "degraded" and "unknown item id(s) 'nope'" in health["catalogue_log_error"]
+        answer = client.delete("/items/i2")
+        assert answer.status_code == 503 and "restart the service" in answer.json()["error"]
+        assert client.post("/recommend", json={"history": ["i3"], "k": 3}).status_code == 200  # still serves
 
 
 def test_processes_sharing_a_log_make_the_same_catalogue(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -231,21 +314,17 @@ def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], t
     with TestClient(one) as first, TestClient(two) as second:  # type: ignore[arg-type]
         assert first.get("/items/i1").json()["recommendable"] is False
         assert first.delete("/items/i2").status_code == 200
+        deadline = time.monotonic() + 5  # the second worker's follower brings the removal in
+        while second.get("/items/i2").json()["recommendable"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert second.get("/items/i2").json()["recommendable"] is False
         body = {"items": [{"id": "new1", "text": "a red tool for the garden"}]}
         assert second.post("/items", json=body).status_code == 200
-        assert second.post("/sessions/s1/events", json={"item": "i3"}).status_code == 409
-
-        def seen() -> bool:
-            return (first.get("/items/new1").status_code == 200
-                    and second.get("/items/i2").json()["recommendable"] is False)
-
-        deadline = time.monotonic() + 5
-        while not seen() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert seen()
-        health = first.get("/health").json()
-        assert (health["catalogue_changes"], health["catalogue_log_error"]) == (3, None)
         history = {"history": ["i5", "new1"], "k": 5}
-        assert first.post("/recommend", json=history).json() == second.post("/recommend", json=history).json()
+        at_once = first.post("/recommend", json=history)  # an id not yet followed is looked for in the log
+        assert at_once.status_code == 200 and at_once.json() == second.post("/recommend", json=history).json()
+        assert second.post("/sessions/s1/events", json={"item": "i3"}).status_code == 409
+        health = first.get("/health").json()
+        assert (health["status"], health["catalogue_changes"], health["catalogue_log_error"]) == ("ok", 3, None)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["op"] for line in lines] == ["remove", "remove", "items"]

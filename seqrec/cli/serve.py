@@ -102,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         app = build_app(options)
         uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
-    else:  # each worker builds its own app; live catalogue changes and sessions need one process
+    else:  # each worker builds its own app; sessions need one process, catalogue changes a catalogue log
         os.environ[ENV] = json.dumps(options)
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning")

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 from seqrec.errors import SeqrecError
 from seqrec.serve.batcher import MAX_QUEUE, Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
+from seqrec.serve.catalogue_log import CatalogueLogBroken
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
 from seqrec.serve.sessions import SessionFull, SessionLimit, Sessions
@@ -128,8 +129,8 @@ class Health(BaseModel):
     index_rebuilding: bool  # a FAISS index being rebuilt in the background (after heavy changes)
     sessions: int
     takes_text: bool
-    catalogue_changes: int | None = None  # the changes in the catalogue log, whichever process made them
-    catalogue_log_error: str | None = None  # why this process stopped following the catalogue log, if it did
+    catalogue_changes: int | None = None  # the catalogue log's changes this process has read (any process's)
+    catalogue_log_error: str | None = None  # why this process stopped keeping the catalogue log ("degraded")
 
 
 def _items(recs: list[Recommendation]) -> list[Item]:
@@ -179,6 +180,10 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.exception_handler(Overloaded)
     async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(CatalogueLogBroken)
+    async def log_broken(_: Request, exc: CatalogueLogBroken) -> JSONResponse:
+        return _error(503, str(exc))
 
     @app.exception_handler(SessionLimit)
     async def too_many(_: Request, exc: SessionLimit) -> JSONResponse:
@@ -288,7 +293,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
         journal = rec.catalogue_log
-        return Health(status="ok", model=rec.model.name, n_items=rec.catalogue.n_active,
+        status = "ok" if journal is None or journal.error is None else "degraded"
+        return Health(status=status, model=rec.model.name, n_items=rec.catalogue.n_active,
                       index=rec.catalogue.retriever.kind, index_rebuilding=rec.catalogue.retriever.rebuilding,
                       sessions=len(sessions), takes_text=rec.takes_text,
                       catalogue_changes=None if journal is None else journal.changes,
@@ -311,7 +317,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
 def _writable(on: bool) -> None:
     if not on:
-        raise HTTPException(409, "several worker processes share a catalogue through a catalogue log: start the "
+        raise HTTPException(409, "worker processes without a catalogue log cannot change the catalogue: start the "
                                  "service with --catalogue-log FILE (or --workers 1) to add or remove items")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -36,6 +36,7 @@ class Catalogue:
         if len(raw_ids) != vectors.shape[0] - 1 or len(titles) != len(raw_ids):
             raise ValueError("raw_ids, titles and vectors must describe the same items")
         self.lock = threading.RLock()
+        self.on_unknown: Callable[[], object] | None = None  # brings in changes made elsewhere (`lookup`)
         self.raw_ids, self.titles = list(raw_ids), list(titles)
         self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
         self.removed: set[int] = set()
@@ -75,11 +76,16 @@ class Catalogue:
             self.retriever = self._build(kind, options)
         return self.retriever
 
-    def lookup(self, raws: Sequence[str], where: str = "") -> list[int]:
-        """Raw ids -> item indices; unknown ids are an error naming them (and `where` they were)."""
+    def lookup(self, raws: Sequence[str], where: str = "", follow: bool = True) -> list[int]:
+        """Raw ids -> item indices; unknown ids are an error naming them (and `where` they were). With
+        `follow`, an unknown id is looked up again after `on_unknown` (a followed catalogue log) has
+        brought in the changes other processes made."""
         try:
             return [self.index[r] for r in raws]
         except KeyError:
+            if follow and self.on_unknown is not None:
+                self.on_unknown()
+                return self.lookup(raws, where, follow=False)
             unknown = [r for r in raws if r not in self.index]
             shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             raise UnknownItem(f"unknown item id(s){where}: {shown}") from None

@@ -12,9 +12,13 @@ other processes append:
 
 A writer holds the file's exclusive lock (flock) through the whole change: it first applies what other
 processes appended since it last read, checks its change against that catalogue, writes the change's
-line and flushes it to the disk (fsync), makes the change, and takes the line back if making it fails.
-Readers hold the shared lock, so no process reads a line whose change is still being made. The file
-holds exactly the changes made, in order, each before its request was answered.
+line and flushes it to the disk (fsync), makes the change, and takes the line back if making it fails
+(and then stops writing: the change may have been made in part). Readers read under the shared lock, so
+no process reads a line whose change is still being made or is taken back, and apply what they read
+after letting it go. Every change answered is in the file, in the order every process applies; a
+process stopped between writing a line and answering leaves a change that no client saw answered.
+An id unknown to a following process is looked for in the file before it is called unknown, so an item
+added through one worker can be used in a history sent to another at once.
 
 Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
 items. An "items" line carries its texts through the frozen text encoder (`vectors`: little-endian
@@ -24,8 +28,10 @@ writer had. A line without them (older logs) or from another encoder has its tex
 A run of "items" lines is applied as one batch, a run of "remove" lines as one removal.
 
 A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
-warning by the next writer; a bad line anywhere else, or a log written for another catalogue (the first
-line's fingerprint of the run's item ids), is an error naming the file and line.
+warning by the next writer, and one whole but for its newline is given it; a bad line anywhere else, or a
+log written for another catalogue (the first line's fingerprint of the run's item ids), is an error
+naming the file and line, at start, and for a following process the end of following (`error`,
+"degraded" in /health; its changes are refused with a 503 until it is restarted).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import torch
@@ -53,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FOLLOW_INTERVAL_S = 0.1  # how often a following process looks for lines other processes appended
+FOLLOW_INTERVAL_S = 0.02  # how often a following process looks for lines other processes appended
 
 
 def catalogue_fingerprint(raw_ids: Sequence[str]) -> str:
@@ -77,6 +83,10 @@ def unpack_vectors(text: str, rows: int) -> np.ndarray:
     return flat.reshape(rows, -1).astype(np.float32)
 
 
+class CatalogueLogBroken(SeqrecError):
+    """This process can no longer keep the catalogue log: its catalogue may differ from the file."""
+
+
 class CatalogueLog:
     """An append-only JSON-lines file of catalogue changes, shared by the processes that serve one
     catalogue (module docstring)."""
@@ -86,12 +96,13 @@ class CatalogueLog:
         self._lock = threading.Lock()  # this process's threads reach the file one at a time
         self._fd: int | None = None
         self._writable = False
-        self._offset = 0  # the bytes read and applied: whole lines
+        self._offset = 0  # the bytes read: whole lines
+        self._seen = 0  # the file's size when it was last read (a cut-short tail is not read again)
         self._lines = 0  # the lines read
         self._changes = 0  # the changes read (whatever process made them)
         self._headed = False  # the catalogue line was read
         self._base: dict[str, Any] = {}  # the catalogue line of the catalogue served
-        self.error: str | None = None  # why this process stopped following the file, if it did
+        self.error: str | None = None  # why this process stopped keeping the file, if it did
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
 
@@ -102,7 +113,8 @@ class CatalogueLog:
 
     def replay(self, rec: LiveCatalogue, write: bool = True) -> tuple[int, int]:
         """Apply every change in the file to `rec`; with `write`, make the file ready for this process's
-        changes too. -> (changes replayed, lines dropped: 0 or 1, a cut-short last one)."""
+        changes too. -> (changes replayed, lines dropped: 0 or 1, a cut-short last one). Nothing is applied
+        unless the whole file reads."""
         ids = rec.catalogue.raw_ids
         self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
         try:
@@ -113,23 +125,31 @@ class CatalogueLog:
             raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
                               f"({exc.strerror})") from None
         self._writable = write
-        with rec.catalogue.lock, self._lock:
-            with self._flock(fcntl.LOCK_SH):
-                replayed, dropped = self._sync(rec, fix=False)
-            if write:  # settle a cut-short last line and start a new file with its catalogue line
-                with self._flock(fcntl.LOCK_EX):
-                    more, dropped = self._sync(rec, fix=True)
-                    replayed += more
-        return replayed, dropped
+        try:
+            with rec.catalogue.lock, self._lock:
+                with self._flock(fcntl.LOCK_SH):
+                    records, dropped = self._read(fix=False)
+                if write:  # settle a cut-short last line and start a new file with its catalogue line
+                    with self._flock(fcntl.LOCK_EX):
+                        more, dropped = self._read(fix=True)
+                    records += more
+                self._apply(rec, records)  # the lines read are final: a writer takes back only its own
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
+        return len(records), dropped
 
     def follow(self, rec: LiveCatalogue, interval_s: float = FOLLOW_INTERVAL_S) -> None:
         """From now on apply, in a background thread, the changes other processes append."""
         def loop() -> None:
-            while not self._stop.wait(interval_s):
+            while not self._stop.wait(interval_s) and self.error is None:
                 try:
                     self.catch_up(rec)
+                except _Stopped:
+                    return
                 except Exception as exc:  # the thread says why it stopped; it must not die silently
-                    self.error = f"stopped following {self.path}: {exc}"
+                    self.error = self.error or f"stopped following {self.path}: {exc}"
                     log.error("%s", self.error)
                     return
 
@@ -138,35 +158,46 @@ class CatalogueLog:
 
     def catch_up(self, rec: LiveCatalogue) -> int:
         """Apply the changes other processes appended since this one last read the file -> how many."""
+        if self.error is not None:
+            return 0
         if self._fd is None:
             return self.replay(rec, write=False)[0] if self.path.exists() else 0
-        if os.fstat(self._fd).st_size == self._offset:  # nothing new: no lock taken
+        if os.fstat(self._fd).st_size == self._seen:  # nothing new: no lock taken
             return 0
-        with rec.catalogue.lock, self._lock, self._flock(fcntl.LOCK_SH):
-            return self._sync(rec, fix=False)[0]
+        with rec.catalogue.lock, self._lock:
+            if self._fd is None:
+                return 0
+            with self._flock(fcntl.LOCK_SH, stoppable=True):
+                records, _ = self._read(fix=False)
+            self._apply(rec, records)  # outside the file's lock: writers in other processes go on
+            return len(records)
 
     @contextlib.contextmanager
     def change(self, rec: LiveCatalogue, record: dict[str, Any],
                check: Callable[[], object] | None = None) -> Iterator[None]:
         """(Under `rec`'s catalogue lock.) Around making a change: the changes other processes made are
         applied first and `check` run on the result, then the change's line is put on the disk; it is
-        taken back if making the change fails."""
-        if self._fd is None or not self._writable:
-            raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
+        taken back if making the change fails (and this process stops writing: the change may have been
+        made in part)."""
         with self._lock:
-            if self.error:
-                raise SeqrecError(f"{self.error}; restart the service")
+            if self.error is not None:
+                raise CatalogueLogBroken(f"{self.error}; restart the service")
+            if self._fd is None or not self._writable:
+                raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
             with self._flock(fcntl.LOCK_EX):
-                self._sync(rec, fix=True)
+                records, _ = self._read(fix=True)
+                self._apply(rec, records)
                 if check is not None:
                     check()
                 start = self._append(_line(record))
                 try:
                     yield
-                except BaseException:
+                except BaseException as exc:
                     self._truncate(start)
+                    self.error = f"a change failed after its line was written to {self.path} ({exc!r})"
+                    log.error("%s; this process no longer changes the catalogue", self.error)
                     raise
-                self._offset = os.fstat(self._fd).st_size
+                self._offset = self._seen = os.fstat(self._fd).st_size
                 self._lines += 1
                 self._changes += 1
 
@@ -174,76 +205,85 @@ class CatalogueLog:
         """Stop following and let the file go."""
         self._stop.set()
         if self._follower is not None and self._follower is not threading.current_thread():
-            self._follower.join()
+            self._follower.join(5.0)
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
 
-    # ---- under self._lock and the file's lock --------------------------------------------------------
+    # ---- under self._lock ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _flock(self, how: int) -> Iterator[None]:
+    def _flock(self, how: int, stoppable: bool = False) -> Iterator[None]:
+        """Hold the file's lock; `stoppable`: give up (`_Stopped`) once `close` is called."""
         assert self._fd is not None
-        fcntl.flock(self._fd, how)
+        if stoppable:
+            while True:
+                try:
+                    fcntl.flock(self._fd, how | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if self._stop.wait(0.002):
+                        raise _Stopped() from None
+        else:
+            fcntl.flock(self._fd, how)
         try:
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _sync(self, rec: LiveCatalogue, fix: bool) -> tuple[int, int]:
-        """Read and apply the lines after `_offset`. A last line without its newline is another process's
-        that stopped while writing it: with `fix` (the exclusive lock held) it is given its newline when
-        it is a whole change, else cut off (and counted); without, it is left for a writer to settle.
-        With `fix`, an empty file gets its catalogue line. -> (changes applied, lines cut off)."""
+    def _read(self, fix: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """(Under the file's lock.) The changes in the lines after `_offset`. A last line without its
+        newline is another process's that stopped while writing it: with `fix` (the exclusive lock held)
+        it is given its newline when it is a whole change, else cut off (and counted); without, it is left
+        for a writer to settle. With `fix`, an empty file gets its catalogue line.
+        -> ((line number, change) for each change, lines cut off)."""
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size < self._offset:
-            raise SeqrecError(f"{self.path} is shorter than when it was read: the catalogue log was changed "
-                              "by something other than seqrec")
-        data = os.pread(self._fd, size - self._offset, self._offset)
+            self._fail(f"{self.path} is shorter than when it was read: the catalogue log was changed by "
+                       "something other than seqrec")
+        data = _read_at(self._fd, self._offset, size - self._offset)
         whole = data[: data.rfind(b"\n") + 1]
         tail = data[len(whole):]
-        records = self._parse(whole)
-        ended = len(whole)
-        dropped = 0
-        number = self._lines + whole.count(b"\n") + 1  # the tail's line
+        lines = whole.split(b"\n")[:-1]
+        dropped, whole_tail = 0, False
         if tail.strip() and fix:
-            where = f"{self.path}:{number}"
             try:
-                record = json.loads(tail)
+                json.loads(tail)
+                lines.append(tail)  # whole JSON without its newline: a writer stopped before writing that byte
+                whole_tail = True
             except ValueError as exc:  # UnicodeDecodeError too
-                log.warning("%s: dropping a last line that was cut short (%s)", where, exc)
+                log.warning("%s:%d: dropping a last line that was cut short (%s)", self.path,
+                            self._lines + len(lines) + 1, exc)
                 self._truncate(self._offset + len(whole))
-                dropped = 1
-            else:  # whole JSON: a change whose newline was cut off (it was made), or a bad line
-                records.append((number, self._record(record, where)))
-                os.write(self._fd, b"\n")
-                ended = len(data) + 1
-        try:
-            self._apply(rec, records)
-        except Exception as exc:  # applied in part: this process's catalogue no longer follows the file
-            self.error = f"{self.path}: cannot apply its changes ({exc})"
-            raise
-        self._offset += ended
-        self._lines = number - (ended == len(whole))
+                tail, dropped = b"", 1
+        records = self._parse(lines)  # a bad line stops here, before the file is touched
+        if whole_tail:
+            _write_all(self._fd, b"\n")
+            os.fsync(self._fd)
+            whole, tail = whole + tail + b"\n", b""
+        self._offset += len(whole)
+        self._seen = self._offset + len(tail)
+        self._lines += len(lines)
         self._changes += len(records)
         if fix and self._offset == 0:
             self._append(_line(self._base))
-            self._offset, self._lines, self._headed = os.fstat(self._fd).st_size, 1, True
-        return len(records), dropped
+            self._offset = self._seen = os.fstat(self._fd).st_size
+            self._lines, self._headed = 1, True
+        return records, dropped
 
-    def _parse(self, data: bytes) -> list[tuple[int, dict[str, Any]]]:
+    def _parse(self, lines: list[bytes]) -> list[tuple[int, dict[str, Any]]]:
         """(line number, change) for each change in whole lines read after `_lines`."""
         records: list[tuple[int, dict[str, Any]]] = []
-        for number, raw in enumerate(data.split(b"\n")[:-1], self._lines + 1):
+        for number, raw in enumerate(lines, self._lines + 1):
             if not raw.strip():
                 continue
             where = f"{self.path}:{number}"
             try:
                 record = json.loads(raw)
             except ValueError as exc:  # UnicodeDecodeError too
-                raise SeqrecError(f"{where}: not JSON ({exc})") from None
+                self._fail(f"{where}: not JSON ({exc})")
             if isinstance(record, dict) and record.get("op") == "catalogue":
                 self._check_catalogue(record, where, first=not (self._headed or self._changes or records))
                 self._headed = True
@@ -253,28 +293,42 @@ class CatalogueLog:
 
     def _check_catalogue(self, record: dict[str, Any], where: str, first: bool) -> None:
         if not (isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)):
-            raise SeqrecError(f"{where}: not a catalogue change: a bad catalogue line")
+            self._fail(f"{where}: not a catalogue change: a bad catalogue line")
         if not first:
-            raise SeqrecError(f"{where}: not a catalogue change: a catalogue line must come first")
+            self._fail(f"{where}: not a catalogue change: a catalogue line must come first")
         if record["fingerprint"] != self._base["fingerprint"]:
-            raise SeqrecError(f"{self.path} was written for another catalogue ({record['items']:,} items, "
-                              f"fingerprint {record['fingerprint']}; this run's: {self._base['items']:,} items, "
-                              f"{self._base['fingerprint']}): start this run with a new log")
+            self._fail(f"{self.path} was written for another catalogue ({record['items']:,} items, fingerprint "
+                       f"{record['fingerprint']}; this run's: {self._base['items']:,} items, "
+                       f"{self._base['fingerprint']}): start this run with a new log")
 
-    @staticmethod
-    def _record(record: Any, where: str) -> dict[str, Any]:
-        """A change read from a line, its vectors unpacked; a SeqrecError naming the line if it is none."""
+    def _record(self, record: Any, where: str) -> dict[str, Any]:
+        """A change read from a line, its vectors unpacked; an error naming the line if it is none."""
         why = _invalid(record)
         if why:
-            raise SeqrecError(f"{where}: not a catalogue change: {why}")
+            self._fail(f"{where}: not a catalogue change: {why}")
         if record["op"] == "items" and "vectors" in record:
             try:
                 record["vectors"] = unpack_vectors(record["vectors"], len(record["items"]))
             except SeqrecError as exc:
-                raise SeqrecError(f"{where}: {exc}") from None
+                self._fail(f"{where}: {exc}")
         return record
 
+    def _fail(self, message: str) -> NoReturn:
+        """A line this process cannot read: it stops keeping the file (its next reads would start again
+        from the same place, and every later line depends on this one)."""
+        self.error = message
+        raise SeqrecError(message)
+
     def _apply(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
+        if not records:
+            return
+        try:
+            self._apply_runs(rec, records)
+        except Exception as exc:  # applied in part: this process's catalogue no longer follows the file
+            self.error = self.error or f"{self.path}: cannot apply its changes ({exc})"
+            raise
+
+    def _apply_runs(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
         adding: dict[str, tuple[str, np.ndarray | None]] = {}  # a run of "items" lines, one batch
         removing: list[str] = []  # a run of "remove" lines, one removal
         lines: list[int] = []  # the lines of the run
@@ -316,7 +370,7 @@ class CatalogueLog:
         assert self._fd is not None
         start = os.fstat(self._fd).st_size
         try:
-            os.write(self._fd, line)
+            _write_all(self._fd, line)
             os.fsync(self._fd)
         except BaseException:
             self._truncate(start)  # no half line for the next one to run into
@@ -327,6 +381,30 @@ class CatalogueLog:
         assert self._fd is not None
         os.ftruncate(self._fd, size)
         os.fsync(self._fd)
+
+
+class _Stopped(Exception):
+    """`close` was called while the follower waited for the file's lock."""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is out (a write may take fewer, on a nearly full disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_at(fd: int, offset: int, n: int) -> bytes:
+    """n bytes from offset (one pread returns at most about 2 GiB on Linux)."""
+    parts = []
+    while n > 0:
+        part = os.pread(fd, min(n, 1 << 30), offset)
+        if not part:
+            break
+        parts.append(part)
+        offset += len(part)
+        n -= len(part)
+    return b"".join(parts)
 
 
 def _line(record: dict[str, Any]) -> bytes:

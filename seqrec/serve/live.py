@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from seqrec.models.base import SequentialModel
 from seqrec.serve.catalogue import Catalogue
 from seqrec.serve.catalogue_log import CatalogueLog, pack_vectors
 from seqrec.serve.onnx_engine import OnnxEncoder
+
+_ENCODING = threading.Lock()
 
 
 class LiveCatalogue:
@@ -75,7 +78,8 @@ class LiveCatalogue:
         from seqrec.data.text import encode_texts
 
         options = self.model.config.text_options()  # type: ignore[union-attr,operator]
-        return encode_texts(texts, options, encoder=self.text_encoder())
+        with _ENCODING:  # a request and the log's follower may both encode; the tokenizer is not thread-safe
+            return encode_texts(texts, options, encoder=self.text_encoder())
 
     def _add_encoded(self, texts: Mapping[str, str], text_vectors: torch.Tensor,
                      record: dict[str, Any] | None) -> tuple[list[str], list[str]]:
@@ -85,11 +89,7 @@ class LiveCatalogue:
             known = [i for i, raw in enumerate(texts) if raw in cat.index]
             new = [i for i, raw in enumerate(texts) if raw not in cat.index]
             raws, values = list(texts), list(texts.values())
-            if known:
-                ids = torch.tensor([cat.index[raws[i]] for i in known], device=device)
-                model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
-                cat.replace(ids.tolist(), [values[i] for i in known], self._item_side(ids))
-            if new:
+            if new:  # first: a failed addition is undone whole
                 first = int(model.n_items) + 1  # type: ignore[arg-type]
                 try:
                     ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
@@ -98,6 +98,10 @@ class LiveCatalogue:
                 except BaseException:  # the model's items match the catalogue's again
                     model.drop_items_from(first)  # type: ignore[operator]
                     raise
+            if known:
+                ids = torch.tensor([cat.index[raws[i]] for i in known], device=device)
+                model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
+                cat.replace(ids.tolist(), [values[i] for i in known], self._item_side(ids))
         return [raws[i] for i in new], [raws[i] for i in known]
 
     def _item_side(self, ids: torch.Tensor) -> torch.Tensor:
@@ -131,19 +135,20 @@ class LiveCatalogue:
         """Stop recommending these items (they stay known, so histories may still hold them). Every id
         must be known, or nothing is removed."""
         with self.catalogue.lock, self._change({"op": "remove", "ids": list(raws)},
-                                               check=lambda: self.catalogue.lookup(raws)):
-            self.catalogue.remove(self.catalogue.lookup(raws))
+                                               check=lambda: self.catalogue.lookup(raws, follow=False)):
+            self.catalogue.remove(self.catalogue.lookup(raws, follow=False))
 
     def apply_removal(self, raws: Sequence[str]) -> None:
         """Remove items as a catalogue log records it, without logging it again."""
         with self.catalogue.lock:
-            self.catalogue.remove(self.catalogue.lookup(raws))
+            self.catalogue.remove(self.catalogue.lookup(raws, follow=False))
 
     def close_log(self) -> None:
         """Stop keeping catalogue changes (`keep_log`) and let the file go."""
-        journal, self._log = self._log, None
+        journal = self._log
         if journal is not None:
-            journal.close()
+            journal.close()  # a change made meanwhile is refused, not made without its line
+        self._log = self.catalogue.on_unknown = None
 
     def _change(self, record: dict[str, Any] | None,
                 check: Callable[[], object] | None = None) -> contextlib.AbstractContextManager[None]:
@@ -164,6 +169,8 @@ class LiveCatalogue:
         counts = journal.replay(self, write)
         if follow:
             journal.follow(self)
+            # an id unknown here may be another worker's new item, in the file but not yet followed
+            self.catalogue.on_unknown = lambda: journal.catch_up(self)
         self._log = journal if write or follow else None
         return counts
 
