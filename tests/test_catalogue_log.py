@@ -221,6 +221,31 @@ def test_no_process_reads_a_line_whose_change_is_being_made(runs: dict[str, Path
     assert a.catalogue_log.error is not None and b.catalogue_log.error is None
 
 
+def test_an_unknown_id_waits_for_the_changes_being_followed(runs: dict[str, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id not known yet is looked for in the log; when the follower has just read its line and is still
+    applying it, the lookup waits for that instead of calling the id unknown."""
+    path = tmp_path / "catalogue.jsonl"
+    a, b = Recommender.from_run(runs["unisrec"]), Recommender.from_run(runs["unisrec"])
+    a.keep_log(path)
+    b.keep_log(path, follow=True)
+    assert b.catalogue_log is not None
+    apply = type(b.catalogue_log)._apply
+    reading = threading.Event()
+
+    def slow_apply(self: object, rec: object, records: list) -> None:
+        if records:
+            reading.set()
+            time.sleep(0.5)
+        apply(self, rec, records)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(b.catalogue_log), "_apply", slow_apply)
+    a.add_items({"new1": "a red tool for the garden"})
+    assert reading.wait(5)  # the follower has read the line and is applying it
+    assert b.to_indices(["i3", "new1"])[1] == a.catalogue.index["new1"]
+    b.close_log()
+
+
 def test_a_follower_that_cannot_read_the_log_stops_and_says_so(runs: dict[str, Path], tmp_path: Path) -> None:
     from seqrec.cli.serve import build_app
 

@@ -162,10 +162,8 @@ class CatalogueLog:
             return 0
         if self._fd is None:
             return self.replay(rec, write=False)[0] if self.path.exists() else 0
-        if os.fstat(self._fd).st_size == self._seen:  # nothing new: no lock taken
-            return 0
-        with rec.catalogue.lock, self._lock:
-            if self._fd is None:
+        with rec.catalogue.lock, self._lock:  # first, another thread's catch-up (read, then applied) ends
+            if self._fd is None or os.fstat(self._fd).st_size == self._seen:  # nothing new: the file not locked
                 return 0
             with self._flock(fcntl.LOCK_SH, stoppable=True):
                 records, _ = self._read(fix=False)
