@@ -326,6 +326,9 @@ SERVE = [
          text_file("log.jsonl", '{"op": "remove", "ids": ["nope"]}\n')),
     case("serve-log-text-for-id-model", "serve {sasrec} --port 8765 --catalogue-log {tmp}/log.jsonl", "no item text",
          text_file("log.jsonl", '{"op": "items", "items": {"x": "a new item"}}\n')),
+    case("compact-log-missing", "compact-log {tmp}/nowhere.jsonl", "no such catalogue log"),
+    case("compact-log-bad-line", "compact-log {tmp}/log.jsonl", "log.jsonl:2: not a catalogue change",
+         text_file("log.jsonl", '{"op": "remove", "ids": ["i1"]}\n{"op": "rename"}\n')),
 ]
 
 ENC = "text encode syn --encoder {enc} --no-progress"

@@ -353,3 +353,49 @@ def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], t
         assert (health["status"], health["catalogue_changes"], health["catalogue_log_error"]) == ("ok", 3, None)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["op"] for line in lines] == ["remove", "remove", "items"]
+
+
+def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tmp_path: Path) -> None:
+    """`seqrec compact-log`: each item's last text in the order items were first added (the same indices),
+    then one removal; an older line without vectors stays without them."""
+    from seqrec.serve.catalogue_log import compact
+
+    path = tmp_path / "catalogue.jsonl"
+    served = Recommender.from_run(runs["unisrec"])
+    served.keep_log(path)
+    served.add_items({"new1": "a red tool for the garden", "new2": "blue glue for paper"})
+    served.add_items({"new1": "a green saw", "i3": "i3 with a text of its own"})
+    served.remove_items(["new2", "i8", "i3"])
+    served.add_items({"new3": "small tape", "i3": "i3 back again"})  # removed, then given a text: back
+    served.remove_items(["new3"])
+    served.close_log()
+    with path.open("a") as f:  # a line from before lines carried vectors
+        f.write(json.dumps({"op": "items", "items": {"new4": "a ladder"}}) + "\n")
+    replayed = Recommender.from_run(runs["unisrec"])
+    replayed.keep_log(path, write=False)  # the catalogue the log replays to before compaction
+    replayed.close_log()
+    before = path.stat().st_size
+
+    counts = compact(path)
+    assert (counts["lines_before"], counts["lines_after"], counts["items"], counts["removed"]) == (7, 4, 5, 3)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["op"] for line in lines] == ["catalogue", "items", "items", "remove"]
+    assert list(lines[1]["items"]) == ["new1", "new2", "i3", "new3"] and "vectors" in lines[1]
+    assert lines[1]["items"]["i3"] == "i3 back again" and lines[2] == {"op": "items", "items": {"new4": "a ladder"}}
+    assert sorted(lines[3]["ids"]) == ["i8", "new2", "new3"] and path.stat().st_size < before
+    again = Recommender.from_run(runs["unisrec"])
+    assert again.keep_log(path) == (3, 0)
+    assert again.catalogue.raw_ids == replayed.catalogue.raw_ids
+    assert again.catalogue.titles == replayed.catalogue.titles and "new4" in again.catalogue.index
+    assert again.catalogue.removed == replayed.catalogue.removed
+    torch.testing.assert_close(again.catalogue.vectors, replayed.catalogue.vectors, atol=1e-5, rtol=0)
+
+    # no compaction while a service keeps the file; the command says so in one line
+    with pytest.raises(SeqrecError, match="kept by a running service"):
+        compact(path)
+    again.close_log()
+    from seqrec.cli import main
+
+    assert main(["compact-log", str(path)]) == 0
+    with pytest.raises(SeqrecError, match="no such catalogue log"):
+        compact(tmp_path / "nowhere.jsonl")

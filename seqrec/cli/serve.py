@@ -109,6 +109,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact_log(args: argparse.Namespace) -> int:
+    from seqrec.serve.catalogue_log import compact
+
+    n = compact(args.log)
+    print(f"{args.log}: {n['lines_before']:,} lines ({n['bytes_before'] / 1e6:.2f} MB) -> {n['lines_after']:,} "
+          f"({n['bytes_after'] / 1e6:.2f} MB): {n['items']:,} items with a text, {n['removed']:,} removed"
+          + (", a cut-short last line dropped" if n["dropped"] else ""))
+    return 0
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -161,6 +171,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-queue", type=int, default=1024,
                    help="/recommend requests that may wait for the model; more are answered 503 (Retry-After)")
     s.set_defaults(fn=cmd_serve)
+    c = sub.add_parser("compact-log", help="rewrite a catalogue log (serve --catalogue-log) as the fewest lines "
+                                           "that replay to the same catalogue; no service may keep it meanwhile")
+    c.add_argument("log", metavar="FILE")
+    c.set_defaults(fn=cmd_compact_log)
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
     e.add_argument("run")
     e.add_argument("--format", choices=["onnx"], default="onnx")

@@ -27,6 +27,11 @@ taking it from another process runs only the model's adaptor, not the text encod
 writer had. A line without them (older logs) or from another encoder has its texts encoded again.
 A run of "items" lines is applied as one batch, a run of "remove" lines as one removal.
 
+Every process that keeps the file holds a shared lock on `<file>.users` beside it (a file never replaced),
+so `compact` (`seqrec compact-log FILE`), which rewrites the file as the fewest lines that replay to the
+same catalogue, runs only while no process keeps it; a process that finds its file replaced anyway stops
+keeping it.
+
 A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
 warning by the next writer, and one whole but for its newline is given it; a bad line anywhere else, or a
 log written for another catalogue (the first line's fingerprint of the run's item ids), is an error
@@ -105,6 +110,7 @@ class CatalogueLog:
         self.error: str | None = None  # why this process stopped keeping the file, if it did
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
+        self._users: int | None = None  # a shared lock on the file's `.users` beside it, while this keeps it
 
     @property
     def changes(self) -> int:
@@ -117,15 +123,19 @@ class CatalogueLog:
         unless the whole file reads."""
         ids = rec.catalogue.raw_ids
         self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
+        self._users, created = _hold_users(self.path, write)  # after a compaction under way; none starts now
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
-        except FileNotFoundError:
-            return 0, 0  # nothing to read (yet); `catch_up` looks again
-        except OSError as exc:
-            raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
-                              f"({exc.strerror})") from None
-        self._writable = write
-        try:
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
+            except FileNotFoundError:
+                self._close_files()
+                if created:
+                    _users_path(self.path).unlink(missing_ok=True)
+                return 0, 0  # nothing to read (yet); `catch_up` looks again
+            except OSError as exc:
+                raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
+                                  f"({exc.strerror})") from None
+            self._writable = write
             with rec.catalogue.lock, self._lock:
                 with self._flock(fcntl.LOCK_SH):
                     records, dropped = self._read(fix=False)
@@ -135,8 +145,9 @@ class CatalogueLog:
                     records += more
                 self._apply(rec, records)  # the lines read are final: a writer takes back only its own
         except BaseException:
-            os.close(self._fd)
-            self._fd = None
+            self._close_files()
+            if created:  # a start that failed leaves no file behind
+                _users_path(self.path).unlink(missing_ok=True)
             raise
         return len(records), dropped
 
@@ -163,8 +174,8 @@ class CatalogueLog:
         if self._fd is None:
             return self.replay(rec, write=False)[0] if self.path.exists() else 0
         with rec.catalogue.lock, self._lock:  # first, another thread's catch-up (read, then applied) ends
-            if self._fd is None or os.fstat(self._fd).st_size == self._seen:  # nothing new: the file not locked
-                return 0
+            if self._fd is None or (os.fstat(self._fd).st_size == self._seen and not self._replaced()):
+                return 0  # nothing new: the file not locked
             with self._flock(fcntl.LOCK_SH, stoppable=True):
                 records, _ = self._read(fix=False)
             self._apply(rec, records)  # outside the file's lock: writers in other processes go on
@@ -205,9 +216,13 @@ class CatalogueLog:
         if self._follower is not None and self._follower is not threading.current_thread():
             self._follower.join(5.0)
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._close_files()
+
+    def _close_files(self) -> None:
+        for fd in (self._fd, self._users):
+            if fd is not None:
+                os.close(fd)  # its locks go with it
+        self._fd = self._users = None
 
     # ---- under self._lock ----------------------------------------------------------------------------
 
@@ -237,6 +252,9 @@ class CatalogueLog:
         for a writer to settle. With `fix`, an empty file gets its catalogue line.
         -> ((line number, change) for each change, lines cut off)."""
         assert self._fd is not None
+        if self._replaced():
+            self._fail(f"{self.path} was replaced while this process kept it (by `seqrec compact-log`?): restart "
+                       "the service")
         size = os.fstat(self._fd).st_size
         if size < self._offset:
             self._fail(f"{self.path} is shorter than when it was read: the catalogue log was changed by "
@@ -270,6 +288,14 @@ class CatalogueLog:
             self._offset = self._seen = os.fstat(self._fd).st_size
             self._lines, self._headed = 1, True
         return records, dropped
+
+    def _replaced(self) -> bool:
+        """Whether the path names another file than the one this process reads."""
+        assert self._fd is not None
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return True
 
     def _parse(self, lines: list[bytes]) -> list[tuple[int, dict[str, Any]]]:
         """(line number, change) for each change in whole lines read after `_lines`."""
@@ -379,6 +405,122 @@ class CatalogueLog:
         assert self._fd is not None
         os.ftruncate(self._fd, size)
         os.fsync(self._fd)
+
+
+def compact(path: Path | str) -> dict[str, int]:
+    """Rewrite a catalogue log as the fewest lines that replay to the same catalogue: each item's last text
+    (and its vector), in the order the items were first added, so that they get the same indices, then
+    one removal of the items whose last change removed them. Only while no process keeps the file (a
+    running service holds it: `SeqrecError`); a cut-short last line is dropped. -> counts before and after."""
+    path = Path(path)
+    if not path.is_file():
+        raise SeqrecError(f"{path}: no such catalogue log")
+    users, created = _hold_users(path, True, wait=False)
+    try:
+        data = path.read_bytes()
+        head, texts, removed, dropped = _fold(path, data)
+        lines = [] if head is None else [_line(head)]
+        runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []  # one line a run
+        for raw, (text, encoder, vector) in texts.items():
+            kind = None if vector is None else encoder  # items with vectors of one encoder, or without any
+            if not runs or runs[-1][0] != kind:
+                runs.append((kind, []))
+            runs[-1][1].append((raw, text, vector))
+        for kind, run in runs:
+            record: dict[str, Any] = {"op": "items", "items": {raw: text for raw, text, _ in run}}
+            if run[0][2] is not None:
+                record["encoder"] = kind
+                record["vectors"] = pack_vectors(torch.from_numpy(np.stack([v for _, _, v in run])))  # type: ignore[misc]
+            lines.append(_line(record))
+        gone = [raw for raw, is_removed in removed.items() if is_removed]
+        if gone:
+            lines.append(_line({"op": "remove", "ids": gone}))
+        out = b"".join(lines)
+        temporary = path.with_name(path.name + ".compacting")
+        with temporary.open("wb") as f:
+            f.write(out)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    finally:
+        if created:
+            _users_path(path).unlink(missing_ok=True)
+        if users is not None:
+            os.close(users)
+    return {"lines_before": data.count(b"\n") + (not data.endswith(b"\n") and bool(data)),
+            "lines_after": len(lines), "bytes_before": len(data), "bytes_after": len(out), "items": len(texts),
+            "removed": len(gone), "dropped": dropped}
+
+
+def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, dict[str, tuple[str, str | None, np.ndarray | None]],
+                                            dict[str, bool], int]:
+    """A log's changes folded: (its catalogue line, raw id -> (last text, encoder, vector) in the order of first
+    addition, raw id -> whether its last change removed it, 1 if a cut-short last line was left out)."""
+    head: dict[str, Any] | None = None
+    texts: dict[str, tuple[str, str | None, np.ndarray | None]] = {}
+    removed: dict[str, bool] = {}
+    raws = data.split(b"\n")
+    for number, raw in enumerate(raws, 1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError too
+            if number == len(raws):  # no newline after it: cut short while being written
+                return head, texts, removed, 1
+            raise SeqrecError(f"{where}: not JSON ({exc})") from None
+        if isinstance(record, dict) and record.get("op") == "catalogue" and head is None and not texts and not removed:
+            head = record
+            continue
+        why = _invalid(record)
+        if why:
+            raise SeqrecError(f"{where}: not a catalogue change: {why}")
+        if record["op"] == "remove":
+            removed.update(dict.fromkeys(record["ids"], True))
+            continue
+        vectors = None
+        if "vectors" in record and "encoder" in record:  # vectors of no named encoder are never used
+            try:
+                vectors = unpack_vectors(record["vectors"], len(record["items"]))
+            except SeqrecError as exc:
+                raise SeqrecError(f"{where}: {exc}") from None
+        for row, (raw_id, text) in enumerate(record["items"].items()):
+            texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
+            removed[raw_id] = False
+    return head, texts, removed, 0
+
+
+def _users_path(path: Path) -> Path:
+    return path.with_name(path.name + ".users")
+
+
+def _hold_users(path: Path, write: bool, wait: bool = True) -> tuple[int | None, bool]:
+    """A lock on `<path>.users`, a file that is never replaced: shared by every process that keeps the log
+    (`wait`: behind a compaction under way), exclusive for a compaction (refused while any keeps it). ->
+    (its descriptor, None where the folder is read-only; whether this call created the file)."""
+    created = False
+    try:
+        try:
+            fd = os.open(_users_path(path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            created = True
+        except FileExistsError:
+            fd = os.open(_users_path(path), os.O_RDWR)
+    except OSError:
+        if write or not wait:
+            raise SeqrecError(f"{path}: cannot open {path.name}.users beside it") from None
+        return None, False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SeqrecError(f"{path} is kept by a running service: stop it before compacting the log") from None
+    return fd, created
 
 
 class _Stopped(Exception):

@@ -171,7 +171,10 @@ class LiveCatalogue:
             journal.follow(self)
             # an id unknown here may be another worker's new item, in the file but not yet followed
             self.catalogue.on_unknown = lambda: journal.catch_up(self)
-        self._log = journal if write or follow else None
+        if write or follow:
+            self._log = journal
+        else:
+            journal.close()  # replayed, and kept no further
         return counts
 
     @property
