@@ -300,42 +300,23 @@ class CatalogueLog:
     def _parse(self, lines: list[bytes]) -> list[tuple[int, dict[str, Any]]]:
         """(line number, change) for each change in whole lines read after `_lines`."""
         records: list[tuple[int, dict[str, Any]]] = []
-        for number, raw in enumerate(lines, self._lines + 1):
-            if not raw.strip():
-                continue
-            where = f"{self.path}:{number}"
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:  # UnicodeDecodeError too
-                self._fail(f"{where}: not JSON ({exc})")
-            if isinstance(record, dict) and record.get("op") == "catalogue":
-                self._check_catalogue(record, where, first=not (self._headed or self._changes or records))
-                self._headed = True
-                continue
-            records.append((number, self._record(record, where)))
+        try:
+            for number, where, record in _read_lines(self.path, lines, self._lines + 1):
+                if record["op"] == "catalogue":
+                    self._check_catalogue(record, where, first=not (self._headed or self._changes or records))
+                    self._headed = True
+                else:
+                    records.append((number, record))
+        except SeqrecError as exc:
+            self._fail(str(exc))
         return records
 
     def _check_catalogue(self, record: dict[str, Any], where: str, first: bool) -> None:
-        if not (isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)):
-            self._fail(f"{where}: not a catalogue change: a bad catalogue line")
-        if not first:
-            self._fail(f"{where}: not a catalogue change: a catalogue line must come first")
+        _check_head(record, where, first)
         if record["fingerprint"] != self._base["fingerprint"]:
             self._fail(f"{self.path} was written for another catalogue ({record['items']:,} items, fingerprint "
                        f"{record['fingerprint']}; this run's: {self._base['items']:,} items, "
                        f"{self._base['fingerprint']}): start this run with a new log")
-
-    def _record(self, record: Any, where: str) -> dict[str, Any]:
-        """A change read from a line, its vectors unpacked; an error naming the line if it is none."""
-        why = _invalid(record)
-        if why:
-            self._fail(f"{where}: not a catalogue change: {why}")
-        if record["op"] == "items" and "vectors" in record:
-            try:
-                record["vectors"] = unpack_vectors(record["vectors"], len(record["items"]))
-            except SeqrecError as exc:
-                self._fail(f"{where}: {exc}")
-        return record
 
     def _fail(self, message: str) -> NoReturn:
         """A line this process cannot read: it stops keeping the file (its next reads would start again
@@ -461,39 +442,59 @@ def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, dict[str, tup
                                             dict[str, bool], int]:
     """A log's changes folded: (its catalogue line, raw id -> (last text, encoder, vector) in the order of first
     addition, raw id -> whether its last change removed it, 1 if a cut-short last line was left out)."""
+    lines = data.split(b"\n")
+    dropped = 0
+    try:
+        json.loads(lines[-1].strip() or b"null")
+    except ValueError:  # no newline after it, and not whole: cut short while being written
+        lines, dropped = lines[:-1], 1
     head: dict[str, Any] | None = None
     texts: dict[str, tuple[str, str | None, np.ndarray | None]] = {}
     removed: dict[str, bool] = {}
-    raws = data.split(b"\n")
-    for number, raw in enumerate(raws, 1):
+    for _, where, record in _read_lines(path, lines, 1):
+        if record["op"] == "catalogue":
+            _check_head(record, where, first=head is None and not removed)
+            head = record
+        elif record["op"] == "remove":
+            removed.update(dict.fromkeys(record["ids"], True))
+        else:
+            vectors = record.get("vectors") if "encoder" in record else None  # none of a named encoder: unused
+            for row, (raw_id, text) in enumerate(record["items"].items()):
+                texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
+                removed[raw_id] = False
+    return head, texts, removed, dropped
+
+
+def _read_lines(path: Path, lines: list[bytes], first: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, "file:line", record) for each line that is not blank, numbered from `first`: a change
+    (its vectors unpacked) or a catalogue line; a SeqrecError naming the line for anything else."""
+    for number, raw in enumerate(lines, first):
         if not raw.strip():
             continue
         where = f"{path}:{number}"
         try:
             record = json.loads(raw)
         except ValueError as exc:  # UnicodeDecodeError too
-            if number == len(raws):  # no newline after it: cut short while being written
-                return head, texts, removed, 1
             raise SeqrecError(f"{where}: not JSON ({exc})") from None
-        if isinstance(record, dict) and record.get("op") == "catalogue" and head is None and not texts and not removed:
-            head = record
+        if isinstance(record, dict) and record.get("op") == "catalogue":
+            yield number, where, record
             continue
         why = _invalid(record)
         if why:
             raise SeqrecError(f"{where}: not a catalogue change: {why}")
-        if record["op"] == "remove":
-            removed.update(dict.fromkeys(record["ids"], True))
-            continue
-        vectors = None
-        if "vectors" in record and "encoder" in record:  # vectors of no named encoder are never used
+        if record["op"] == "items" and "vectors" in record:
             try:
-                vectors = unpack_vectors(record["vectors"], len(record["items"]))
+                record["vectors"] = unpack_vectors(record["vectors"], len(record["items"]))
             except SeqrecError as exc:
                 raise SeqrecError(f"{where}: {exc}") from None
-        for row, (raw_id, text) in enumerate(record["items"].items()):
-            texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
-            removed[raw_id] = False
-    return head, texts, removed, 0
+        yield number, where, record
+
+
+def _check_head(record: dict[str, Any], where: str, first: bool) -> None:
+    if not (isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)):
+        raise SeqrecError(f"{where}: not a catalogue change: a bad catalogue line")
+    if not first:
+        raise SeqrecError(f"{where}: not a catalogue change: a catalogue line must come first")
 
 
 def _users_path(path: Path) -> Path:
