@@ -402,3 +402,36 @@ def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tm
     assert main(["compact-log", str(path)]) == 0
     with pytest.raises(SeqrecError, match="no such catalogue log"):
         compact(tmp_path / "nowhere.jsonl")
+
+
+def test_compaction_through_a_link_keeps_the_file_and_fails_whole(runs: dict[str, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link to the log names the same file for the service and for compaction; the compacted file keeps
+    the old one's mode; a compaction that fails leaves the log as it was and no file behind."""
+    from seqrec.serve.catalogue_log import compact
+
+    path, link = tmp_path / "catalogue.jsonl", tmp_path / "link.jsonl"
+    rec = Recommender.from_run(runs["sasrec"])
+    rec.keep_log(path)
+    rec.remove_items(["i1"])
+    rec.remove_items(["i2"])
+    link.symlink_to(path)
+    with pytest.raises(SeqrecError, match="kept by a running service"):
+        compact(link)
+    rec.close_log()
+    path.chmod(0o640)
+    before = path.read_bytes()
+    files = sorted(p.name for p in tmp_path.iterdir())
+
+    def full_disk(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("seqrec.serve.catalogue_log.os.replace", full_disk)
+    with pytest.raises(SeqrecError, match=r"cannot compact the catalogue log \(No space left"):
+        compact(link)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == files
+    assert compact(link)["lines_after"] == 2 and link.is_symlink() and (path.stat().st_mode & 0o777) == 0o640
+    again = Recommender.from_run(runs["sasrec"])
+    assert again.keep_log(link) == (1, 0)
+    assert again.catalogue.removed == {again.catalogue.index[i] for i in ("i1", "i2")}

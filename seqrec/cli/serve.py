@@ -173,7 +173,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(fn=cmd_serve)
     c = sub.add_parser("compact-log", help="rewrite a catalogue log (serve --catalogue-log) as the fewest lines "
                                            "that replay to the same catalogue; no service may keep it meanwhile")
-    c.add_argument("log", metavar="FILE")
+    c.add_argument("log", metavar="FILE", help="the catalogue log (what serve --catalogue-log was given)")
     c.set_defaults(fn=cmd_compact_log)
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
     e.add_argument("run")

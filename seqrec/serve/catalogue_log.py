@@ -97,7 +97,7 @@ class CatalogueLog:
     catalogue (module docstring)."""
 
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+        self.path = Path(path).resolve()  # a link to the log: its `.users` and replacement are the target's
         self._lock = threading.Lock()  # this process's threads reach the file one at a time
         self._fd: int | None = None
         self._writable = False
@@ -123,14 +123,12 @@ class CatalogueLog:
         unless the whole file reads."""
         ids = rec.catalogue.raw_ids
         self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
-        self._users, created = _hold_users(self.path, write)  # after a compaction under way; none starts now
+        self._users, created = _hold_users(self.path)  # after a compaction under way; none starts now
         try:
             try:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
             except FileNotFoundError:
-                self._close_files()
-                if created:
-                    _users_path(self.path).unlink(missing_ok=True)
+                self._close_files(created)
                 return 0, 0  # nothing to read (yet); `catch_up` looks again
             except OSError as exc:
                 raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
@@ -145,9 +143,7 @@ class CatalogueLog:
                     records += more
                 self._apply(rec, records)  # the lines read are final: a writer takes back only its own
         except BaseException:
-            self._close_files()
-            if created:  # a start that failed leaves no file behind
-                _users_path(self.path).unlink(missing_ok=True)
+            self._close_files(created)  # a start that failed leaves no file behind
             raise
         return len(records), dropped
 
@@ -218,10 +214,12 @@ class CatalogueLog:
         with self._lock:
             self._close_files()
 
-    def _close_files(self) -> None:
-        for fd in (self._fd, self._users):
-            if fd is not None:
-                os.close(fd)  # its locks go with it
+    def _close_files(self, created: bool = False) -> None:
+        """Close the log and `.users`; `created`: this process made `.users`, which goes if no other holds it."""
+        if self._fd is not None:
+            os.close(self._fd)
+        if self._users is not None:
+            _let_users_go(self.path, self._users, created)
         self._fd = self._users = None
 
     # ---- under self._lock ----------------------------------------------------------------------------
@@ -292,10 +290,7 @@ class CatalogueLog:
     def _replaced(self) -> bool:
         """Whether the path names another file than the one this process reads."""
         assert self._fd is not None
-        try:
-            return os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
-        except FileNotFoundError:
-            return True
+        return not _same_file(self.path, self._fd)
 
     def _parse(self, lines: list[bytes]) -> list[tuple[int, dict[str, Any]]]:
         """(line number, change) for each change in whole lines read after `_lines`."""
@@ -322,7 +317,7 @@ class CatalogueLog:
         """A line this process cannot read: it stops keeping the file (its next reads would start again
         from the same place, and every later line depends on this one)."""
         self.error = message
-        raise SeqrecError(message)
+        raise CatalogueLogBroken(message)
 
     def _apply(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
         if not records:
@@ -388,54 +383,75 @@ class CatalogueLog:
         os.fsync(self._fd)
 
 
+COMPACT_LINE_ITEMS = 10_000  # items per "items" line of a compacted log (a replay joins them into one batch)
+
+
 def compact(path: Path | str) -> dict[str, int]:
     """Rewrite a catalogue log as the fewest lines that replay to the same catalogue: each item's last text
     (and its vector), in the order the items were first added, so that they get the same indices, then
-    one removal of the items whose last change removed them. Only while no process keeps the file (a
-    running service holds it: `SeqrecError`); a cut-short last line is dropped. -> counts before and after."""
-    path = Path(path)
+    one removal of the items whose last change removed them. It assumes a log that replays (it cannot
+    check ids against a run). Only while no process keeps the file (`SeqrecError` otherwise); a cut-short
+    last line is dropped. The new file keeps the old one's mode and, where allowed, its owner.
+    -> counts before and after."""
+    path = Path(path).resolve()
     if not path.is_file():
         raise SeqrecError(f"{path}: no such catalogue log")
-    users, created = _hold_users(path, True, wait=False)
+    users, created = _hold_users(path, wait=False)
+    temporary = path.with_name(path.name + ".compacting")
     try:
-        data = path.read_bytes()
-        head, texts, removed, dropped = _fold(path, data)
-        lines = [] if head is None else [_line(head)]
-        runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []  # one line a run
-        for raw, (text, encoder, vector) in texts.items():
-            kind = None if vector is None else encoder  # items with vectors of one encoder, or without any
-            if not runs or runs[-1][0] != kind:
-                runs.append((kind, []))
-            runs[-1][1].append((raw, text, vector))
-        for kind, run in runs:
-            record: dict[str, Any] = {"op": "items", "items": {raw: text for raw, text, _ in run}}
-            if run[0][2] is not None:
-                record["encoder"] = kind
-                record["vectors"] = pack_vectors(torch.from_numpy(np.stack([v for _, _, v in run])))  # type: ignore[misc]
-            lines.append(_line(record))
-        gone = [raw for raw, is_removed in removed.items() if is_removed]
-        if gone:
-            lines.append(_line({"op": "remove", "ids": gone}))
-        out = b"".join(lines)
-        temporary = path.with_name(path.name + ".compacting")
-        with temporary.open("wb") as f:
-            f.write(out)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-        folder = os.open(path.parent, os.O_RDONLY)
+        fd = os.open(path, os.O_RDWR)
         try:
-            os.fsync(folder)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a writer of an older seqrec, which takes no `.users` lock, waits
+            data = _read_at(fd, 0, os.fstat(fd).st_size)
+            head, texts, removed, dropped = _fold(path, data)
+            out = _compacted(head, texts, removed)
+            with temporary.open("wb") as f:
+                f.write(out)
+                f.flush()
+                old = os.fstat(fd)
+                os.fchmod(f.fileno(), old.st_mode & 0o7777)
+                with contextlib.suppress(PermissionError):
+                    os.fchown(f.fileno(), old.st_uid, old.st_gid)
+                os.fsync(f.fileno())
+            os.replace(temporary, path)  # a writer that waited finds its file replaced and stops
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
         finally:
-            os.close(folder)
+            os.close(fd)
+    except (OSError, ValueError) as exc:
+        temporary.unlink(missing_ok=True)
+        raise SeqrecError(f"{path}: cannot compact the catalogue log ({getattr(exc, 'strerror', None) or exc})"
+                          ) from None
     finally:
-        if created:
-            _users_path(path).unlink(missing_ok=True)
-        if users is not None:
-            os.close(users)
+        _let_users_go(path, users, created)
     return {"lines_before": data.count(b"\n") + (not data.endswith(b"\n") and bool(data)),
-            "lines_after": len(lines), "bytes_before": len(data), "bytes_after": len(out), "items": len(texts),
-            "removed": len(gone), "dropped": dropped}
+            "lines_after": out.count(b"\n"), "bytes_before": len(data), "bytes_after": len(out),
+            "items": len(texts), "removed": sum(removed.values()), "dropped": dropped}
+
+
+def _compacted(head: dict[str, Any] | None, texts: dict[str, tuple[str, str | None, np.ndarray | None]],
+               removed: dict[str, bool]) -> bytes:
+    """The lines of a folded log: its catalogue line, the items in runs of one encoder (or none), one removal."""
+    lines = [] if head is None else [_line(head)]
+    runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []
+    for raw, (text, encoder, vector) in texts.items():
+        kind = None if vector is None else encoder  # items with vectors of one encoder, or without any
+        if not runs or runs[-1][0] != kind or len(runs[-1][1]) == COMPACT_LINE_ITEMS:
+            runs.append((kind, []))
+        runs[-1][1].append((raw, text, vector))
+    for kind, run in runs:
+        record: dict[str, Any] = {"op": "items", "items": {raw: text for raw, text, _ in run}}
+        if kind is not None:
+            record["encoder"] = kind
+            record["vectors"] = pack_vectors(torch.from_numpy(np.stack([v for _, _, v in run])))  # type: ignore[misc]
+        lines.append(_line(record))
+    gone = [raw for raw, is_removed in removed.items() if is_removed]
+    if gone:
+        lines.append(_line({"op": "remove", "ids": gone}))
+    return b"".join(lines)
 
 
 def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, dict[str, tuple[str, str | None, np.ndarray | None]],
@@ -501,27 +517,61 @@ def _users_path(path: Path) -> Path:
     return path.with_name(path.name + ".users")
 
 
-def _hold_users(path: Path, write: bool, wait: bool = True) -> tuple[int | None, bool]:
-    """A lock on `<path>.users`, a file that is never replaced: shared by every process that keeps the log
-    (`wait`: behind a compaction under way), exclusive for a compaction (refused while any keeps it). ->
-    (its descriptor, None where the folder is read-only; whether this call created the file)."""
-    created = False
+def _same_file(path: Path, fd: int) -> bool:
     try:
+        a, b = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _hold_users(path: Path, wait: bool = True) -> tuple[int | None, bool]:
+    """A lock on `<path>.users`: shared by every process that keeps the log (`wait`: behind a compaction under
+    way), exclusive for a compaction (refused while any keeps it). -> (its descriptor, or None where the
+    folder takes no new file, so no compaction can run there either; whether this call created the file).
+    The file is only ever removed under the exclusive lock, and a lock taken on a removed one is taken again."""
+    users = _users_path(path)
+    while True:
+        created = False
         try:
-            fd = os.open(_users_path(path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            created = True
-        except FileExistsError:
-            fd = os.open(_users_path(path), os.O_RDWR)
-    except OSError:
-        if write or not wait:
-            raise SeqrecError(f"{path}: cannot open {path.name}.users beside it") from None
-        return None, False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SeqrecError(f"{path} is kept by a running service: stop it before compacting the log") from None
-    return fd, created
+            try:
+                fd = os.open(users, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o666)  # flock needs no write access
+                created = True
+            except FileExistsError:
+                fd = os.open(users, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # removed between the two opens
+        except OSError as exc:
+            if wait:
+                log.warning("%s: no %s beside it (%s): nothing keeps `seqrec compact-log` off it while it is served",
+                            path, users.name, exc.strerror)
+                return None, False
+            raise SeqrecError(f"{path}: cannot open {users.name} beside it ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SeqrecError(f"{path} is kept by a running service (or a compaction): stop it before compacting "
+                              "the log") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(users, fd):
+            return fd, created
+        os.close(fd)  # locked a `.users` that a compaction removed meanwhile: take the one there now
+
+
+def _let_users_go(path: Path, fd: int | None, created: bool) -> None:
+    """Close a `.users` descriptor; one this process created goes if no process holds it (taken exclusively
+    first, so nobody waits on a removed file)."""
+    if fd is None:
+        return
+    if created:
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(_users_path(path), fd):
+                _users_path(path).unlink()
+    os.close(fd)
 
 
 class _Stopped(Exception):
