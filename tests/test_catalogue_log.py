@@ -38,6 +38,14 @@ def same_catalogue(a: Recommender, b: Recommender) -> None:
         assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-4)
 
 
+def kept_log(runs: dict[str, Path], tmp_path: Path) -> tuple[Path, Recommender, bytes]:
+    """A text model keeping a new catalogue log: (the log, the model, the log's bytes)."""
+    path = tmp_path / "catalogue.jsonl"
+    rec = Recommender.from_run(runs["unisrec"])
+    rec.keep_log(path)
+    return path, rec, path.read_bytes()
+
+
 def test_a_restarted_service_comes_back_with_its_catalogue_changes(runs: dict[str, Path], tmp_path: Path) -> None:
     path = tmp_path / "catalogue.jsonl"
     served = Recommender.from_run(runs["unisrec"])
@@ -125,10 +133,7 @@ def test_a_log_of_another_catalogue_is_refused(runs: dict[str, Path], tmp_path: 
 
 def test_a_failed_write_changes_nothing(runs: dict[str, Path], tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "catalogue.jsonl"
-    rec = Recommender.from_run(runs["unisrec"])
-    rec.keep_log(path)
-    before = path.read_bytes()
+    path, rec, before = kept_log(runs, tmp_path)
 
     def full_disk(fd: int) -> None:
         raise OSError(28, "No space left on device")
@@ -148,10 +153,7 @@ def test_a_failed_write_changes_nothing(runs: dict[str, Path], tmp_path: Path,
 
 def test_a_failed_change_takes_its_line_back(runs: dict[str, Path], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "catalogue.jsonl"
-    rec = Recommender.from_run(runs["unisrec"])
-    rec.keep_log(path)
-    before = path.read_bytes()
+    path, rec, before = kept_log(runs, tmp_path)
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the index failed")
@@ -358,7 +360,7 @@ def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], t
 def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tmp_path: Path) -> None:
     """`seqrec compact-log`: each item's last text in the order items were first added (the same indices),
     then one removal; an older line without vectors stays without them."""
-    from seqrec.serve.catalogue_log import compact
+    from seqrec.serve.catalogue_compact import compact
 
     path = tmp_path / "catalogue.jsonl"
     served = Recommender.from_run(runs["unisrec"])
@@ -408,7 +410,7 @@ def test_compaction_through_a_link_keeps_the_file_and_fails_whole(runs: dict[str
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A link to the log names the same file for the service and for compaction; the compacted file keeps
     the old one's mode; a compaction that fails leaves the log as it was and no file behind."""
-    from seqrec.serve.catalogue_log import compact
+    from seqrec.serve.catalogue_compact import compact
 
     path, link = tmp_path / "catalogue.jsonl", tmp_path / "link.jsonl"
     rec = Recommender.from_run(runs["sasrec"])

@@ -110,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_compact_log(args: argparse.Namespace) -> int:
-    from seqrec.serve.catalogue_log import compact
+    from seqrec.serve.catalogue_compact import compact
 
     n = compact(args.log)
     print(f"{args.log}: {n['lines_before']:,} lines ({n['bytes_before'] / 1e6:.2f} MB) -> {n['lines_after']:,} "

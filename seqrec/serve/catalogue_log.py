@@ -27,10 +27,10 @@ taking it from another process runs only the model's adaptor, not the text encod
 writer had. A line without them (older logs) or from another encoder has its texts encoded again.
 A run of "items" lines is applied as one batch, a run of "remove" lines as one removal.
 
-Every process that keeps the file holds a shared lock on `<file>.users` beside it (a file never replaced),
-so `compact` (`seqrec compact-log FILE`), which rewrites the file as the fewest lines that replay to the
-same catalogue, runs only while no process keeps it; a process that finds its file replaced anyway stops
-keeping it.
+Every process that keeps the file holds a shared lock on `<file>.users` beside it (a file never
+replaced), so a compaction (`seqrec compact-log FILE`, `seqrec.serve.catalogue_compact`), which rewrites
+the file as the fewest lines that replay to the same catalogue, runs only while no process keeps it; a
+process that finds its file replaced anyway stops keeping it.
 
 A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
 warning by the next writer, and one whole but for its newline is given it; a bad line anywhere else, or a
@@ -41,23 +41,30 @@ naming the file and line, at start, and for a following process the end of follo
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import torch
 
 from seqrec.errors import SeqrecError
+from seqrec.serve.catalogue_file import (
+    catalogue_fingerprint,
+    check_head,
+    hold_users,
+    let_users_go,
+    line_bytes,
+    read_at,
+    read_lines,
+    same_file,
+    write_all,
+)
 
 if TYPE_CHECKING:
     from seqrec.serve.live import LiveCatalogue
@@ -65,27 +72,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FOLLOW_INTERVAL_S = 0.02  # how often a following process looks for lines other processes appended
-
-
-def catalogue_fingerprint(raw_ids: Sequence[str]) -> str:
-    """The catalogue a log belongs to: its raw ids in index order."""
-    return hashlib.sha256("\n".join(raw_ids).encode("utf-8", "surrogatepass")).hexdigest()[:20]
-
-
-def pack_vectors(vectors: torch.Tensor) -> str:
-    """(n, D) vectors as an "items" line keeps them, bit for bit."""
-    return base64.b64encode(vectors.detach().cpu().float().numpy().astype("<f4").tobytes()).decode("ascii")
-
-
-def unpack_vectors(text: str, rows: int) -> np.ndarray:
-    """`pack_vectors`'s (rows, D) float32 array; a SeqrecError if `text` is not that."""
-    try:
-        flat = np.frombuffer(base64.b64decode(text, validate=True), dtype="<f4")
-    except (binascii.Error, ValueError):
-        raise SeqrecError('"vectors" is not base64 float32') from None
-    if rows == 0 or flat.size == 0 or flat.size % rows:
-        raise SeqrecError(f'"vectors" holds {flat.size} floats, not a row for each of {rows} item(s)')
-    return flat.reshape(rows, -1).astype(np.float32)
 
 
 class CatalogueLogBroken(SeqrecError):
@@ -123,7 +109,7 @@ class CatalogueLog:
         unless the whole file reads."""
         ids = rec.catalogue.raw_ids
         self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
-        self._users, created = _hold_users(self.path)  # after a compaction under way; none starts now
+        self._users, created = hold_users(self.path)  # after a compaction under way; none starts now
         try:
             try:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
@@ -194,7 +180,7 @@ class CatalogueLog:
                 self._apply(rec, records)
                 if check is not None:
                     check()
-                start = self._append(_line(record))
+                start = self._append(line_bytes(record))
                 try:
                     yield
                 except BaseException as exc:
@@ -219,7 +205,7 @@ class CatalogueLog:
         if self._fd is not None:
             os.close(self._fd)
         if self._users is not None:
-            _let_users_go(self.path, self._users, created)
+            let_users_go(self.path, self._users, created)
         self._fd = self._users = None
 
     # ---- under self._lock ----------------------------------------------------------------------------
@@ -257,7 +243,7 @@ class CatalogueLog:
         if size < self._offset:
             self._fail(f"{self.path} is shorter than when it was read: the catalogue log was changed by "
                        "something other than seqrec")
-        data = _read_at(self._fd, self._offset, size - self._offset)
+        data = read_at(self._fd, self._offset, size - self._offset)
         whole = data[: data.rfind(b"\n") + 1]
         tail = data[len(whole):]
         lines = whole.split(b"\n")[:-1]
@@ -274,7 +260,7 @@ class CatalogueLog:
                 tail, dropped = b"", 1
         records = self._parse(lines)  # a bad line stops here, before the file is touched
         if whole_tail:
-            _write_all(self._fd, b"\n")
+            write_all(self._fd, b"\n")
             os.fsync(self._fd)
             whole, tail = whole + tail + b"\n", b""
         self._offset += len(whole)
@@ -282,7 +268,7 @@ class CatalogueLog:
         self._lines += len(lines)
         self._changes += len(records)
         if fix and self._offset == 0:
-            self._append(_line(self._base))
+            self._append(line_bytes(self._base))
             self._offset = self._seen = os.fstat(self._fd).st_size
             self._lines, self._headed = 1, True
         return records, dropped
@@ -290,13 +276,13 @@ class CatalogueLog:
     def _replaced(self) -> bool:
         """Whether the path names another file than the one this process reads."""
         assert self._fd is not None
-        return not _same_file(self.path, self._fd)
+        return not same_file(self.path, self._fd)
 
     def _parse(self, lines: list[bytes]) -> list[tuple[int, dict[str, Any]]]:
         """(line number, change) for each change in whole lines read after `_lines`."""
         records: list[tuple[int, dict[str, Any]]] = []
         try:
-            for number, where, record in _read_lines(self.path, lines, self._lines + 1):
+            for number, where, record in read_lines(self.path, lines, self._lines + 1):
                 if record["op"] == "catalogue":
                     self._check_catalogue(record, where, first=not (self._headed or self._changes or records))
                     self._headed = True
@@ -307,7 +293,7 @@ class CatalogueLog:
         return records
 
     def _check_catalogue(self, record: dict[str, Any], where: str, first: bool) -> None:
-        _check_head(record, where, first)
+        check_head(record, where, first)
         if record["fingerprint"] != self._base["fingerprint"]:
             self._fail(f"{self.path} was written for another catalogue ({record['items']:,} items, fingerprint "
                        f"{record['fingerprint']}; this run's: {self._base['items']:,} items, "
@@ -370,7 +356,7 @@ class CatalogueLog:
         assert self._fd is not None
         start = os.fstat(self._fd).st_size
         try:
-            _write_all(self._fd, line)
+            write_all(self._fd, line)
             os.fsync(self._fd)
         except BaseException:
             self._truncate(start)  # no half line for the next one to run into
@@ -383,236 +369,5 @@ class CatalogueLog:
         os.fsync(self._fd)
 
 
-COMPACT_LINE_ITEMS = 10_000  # items per "items" line of a compacted log (a replay joins them into one batch)
-
-
-def compact(path: Path | str) -> dict[str, int]:
-    """Rewrite a catalogue log as the fewest lines that replay to the same catalogue: each item's last text
-    (and its vector), in the order the items were first added, so that they get the same indices, then
-    one removal of the items whose last change removed them. It assumes a log that replays (it cannot
-    check ids against a run). Only while no process keeps the file (`SeqrecError` otherwise); a cut-short
-    last line is dropped. The new file keeps the old one's mode and, where allowed, its owner.
-    -> counts before and after."""
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise SeqrecError(f"{path}: no such catalogue log")
-    users, created = _hold_users(path, wait=False)
-    temporary = path.with_name(path.name + ".compacting")
-    try:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a writer of an older seqrec, which takes no `.users` lock, waits
-            data = _read_at(fd, 0, os.fstat(fd).st_size)
-            head, texts, removed, dropped = _fold(path, data)
-            out = _compacted(head, texts, removed)
-            with temporary.open("wb") as f:
-                f.write(out)
-                f.flush()
-                old = os.fstat(fd)
-                os.fchmod(f.fileno(), old.st_mode & 0o7777)
-                with contextlib.suppress(PermissionError):
-                    os.fchown(f.fileno(), old.st_uid, old.st_gid)
-                os.fsync(f.fileno())
-            os.replace(temporary, path)  # a writer that waited finds its file replaced and stops
-            folder = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError) as exc:
-        temporary.unlink(missing_ok=True)
-        raise SeqrecError(f"{path}: cannot compact the catalogue log ({getattr(exc, 'strerror', None) or exc})"
-                          ) from None
-    finally:
-        _let_users_go(path, users, created)
-    return {"lines_before": data.count(b"\n") + (not data.endswith(b"\n") and bool(data)),
-            "lines_after": out.count(b"\n"), "bytes_before": len(data), "bytes_after": len(out),
-            "items": len(texts), "removed": sum(removed.values()), "dropped": dropped}
-
-
-def _compacted(head: dict[str, Any] | None, texts: dict[str, tuple[str, str | None, np.ndarray | None]],
-               removed: dict[str, bool]) -> bytes:
-    """The lines of a folded log: its catalogue line, the items in runs of one encoder (or none), one removal."""
-    lines = [] if head is None else [_line(head)]
-    runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []
-    for raw, (text, encoder, vector) in texts.items():
-        kind = None if vector is None else encoder  # items with vectors of one encoder, or without any
-        if not runs or runs[-1][0] != kind or len(runs[-1][1]) == COMPACT_LINE_ITEMS:
-            runs.append((kind, []))
-        runs[-1][1].append((raw, text, vector))
-    for kind, run in runs:
-        record: dict[str, Any] = {"op": "items", "items": {raw: text for raw, text, _ in run}}
-        if kind is not None:
-            record["encoder"] = kind
-            record["vectors"] = pack_vectors(torch.from_numpy(np.stack([v for _, _, v in run])))  # type: ignore[misc]
-        lines.append(_line(record))
-    gone = [raw for raw, is_removed in removed.items() if is_removed]
-    if gone:
-        lines.append(_line({"op": "remove", "ids": gone}))
-    return b"".join(lines)
-
-
-def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, dict[str, tuple[str, str | None, np.ndarray | None]],
-                                            dict[str, bool], int]:
-    """A log's changes folded: (its catalogue line, raw id -> (last text, encoder, vector) in the order of first
-    addition, raw id -> whether its last change removed it, 1 if a cut-short last line was left out)."""
-    lines = data.split(b"\n")
-    dropped = 0
-    try:
-        json.loads(lines[-1].strip() or b"null")
-    except ValueError:  # no newline after it, and not whole: cut short while being written
-        lines, dropped = lines[:-1], 1
-    head: dict[str, Any] | None = None
-    texts: dict[str, tuple[str, str | None, np.ndarray | None]] = {}
-    removed: dict[str, bool] = {}
-    for _, where, record in _read_lines(path, lines, 1):
-        if record["op"] == "catalogue":
-            _check_head(record, where, first=head is None and not removed)
-            head = record
-        elif record["op"] == "remove":
-            removed.update(dict.fromkeys(record["ids"], True))
-        else:
-            vectors = record.get("vectors") if "encoder" in record else None  # none of a named encoder: unused
-            for row, (raw_id, text) in enumerate(record["items"].items()):
-                texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
-                removed[raw_id] = False
-    return head, texts, removed, dropped
-
-
-def _read_lines(path: Path, lines: list[bytes], first: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """(line number, "file:line", record) for each line that is not blank, numbered from `first`: a change
-    (its vectors unpacked) or a catalogue line; a SeqrecError naming the line for anything else."""
-    for number, raw in enumerate(lines, first):
-        if not raw.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(raw)
-        except ValueError as exc:  # UnicodeDecodeError too
-            raise SeqrecError(f"{where}: not JSON ({exc})") from None
-        if isinstance(record, dict) and record.get("op") == "catalogue":
-            yield number, where, record
-            continue
-        why = _invalid(record)
-        if why:
-            raise SeqrecError(f"{where}: not a catalogue change: {why}")
-        if record["op"] == "items" and "vectors" in record:
-            try:
-                record["vectors"] = unpack_vectors(record["vectors"], len(record["items"]))
-            except SeqrecError as exc:
-                raise SeqrecError(f"{where}: {exc}") from None
-        yield number, where, record
-
-
-def _check_head(record: dict[str, Any], where: str, first: bool) -> None:
-    if not (isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)):
-        raise SeqrecError(f"{where}: not a catalogue change: a bad catalogue line")
-    if not first:
-        raise SeqrecError(f"{where}: not a catalogue change: a catalogue line must come first")
-
-
-def _users_path(path: Path) -> Path:
-    return path.with_name(path.name + ".users")
-
-
-def _same_file(path: Path, fd: int) -> bool:
-    try:
-        a, b = os.stat(path), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _hold_users(path: Path, wait: bool = True) -> tuple[int | None, bool]:
-    """A lock on `<path>.users`: shared by every process that keeps the log (`wait`: behind a compaction under
-    way), exclusive for a compaction (refused while any keeps it). -> (its descriptor, or None where the
-    folder takes no new file, so no compaction can run there either; whether this call created the file).
-    The file is only ever removed under the exclusive lock, and a lock taken on a removed one is taken again."""
-    users = _users_path(path)
-    while True:
-        created = False
-        try:
-            try:
-                fd = os.open(users, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o666)  # flock needs no write access
-                created = True
-            except FileExistsError:
-                fd = os.open(users, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # removed between the two opens
-        except OSError as exc:
-            if wait:
-                log.warning("%s: no %s beside it (%s): nothing keeps `seqrec compact-log` off it while it is served",
-                            path, users.name, exc.strerror)
-                return None, False
-            raise SeqrecError(f"{path}: cannot open {users.name} beside it ({exc.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise SeqrecError(f"{path} is kept by a running service (or a compaction): stop it before compacting "
-                              "the log") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        if _same_file(users, fd):
-            return fd, created
-        os.close(fd)  # locked a `.users` that a compaction removed meanwhile: take the one there now
-
-
-def _let_users_go(path: Path, fd: int | None, created: bool) -> None:
-    """Close a `.users` descriptor; one this process created goes if no process holds it (taken exclusively
-    first, so nobody waits on a removed file)."""
-    if fd is None:
-        return
-    if created:
-        with contextlib.suppress(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _same_file(_users_path(path), fd):
-                _users_path(path).unlink()
-    os.close(fd)
-
-
 class _Stopped(Exception):
     """`close` was called while the follower waited for the file's lock."""
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is out (a write may take fewer, on a nearly full disk)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_at(fd: int, offset: int, n: int) -> bytes:
-    """n bytes from offset (one pread returns at most about 2 GiB on Linux)."""
-    parts = []
-    while n > 0:
-        part = os.pread(fd, min(n, 1 << 30), offset)
-        if not part:
-            break
-        parts.append(part)
-        offset += len(part)
-        n -= len(part)
-    return b"".join(parts)
-
-
-def _line(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record) + "\n").encode()  # ASCII: any string, a lone surrogate too, round-trips
-
-
-def _invalid(record: Any) -> str | None:
-    """What is wrong with a change read from a line, or None."""
-    if not isinstance(record, dict) or record.get("op") not in ("items", "remove"):
-        return 'expected {"op": "items", ...} or {"op": "remove", ...}'
-    if record["op"] == "items":
-        items = record.get("items")
-        if not isinstance(items, dict) or not items or not all(
-                isinstance(k, str) and k and isinstance(v, str) and v.strip() for k, v in items.items()):
-            return '"items" must map raw ids to texts that are not empty'
-        if not isinstance(record.get("vectors", ""), str) or not isinstance(record.get("encoder", ""), str):
-            return '"vectors" and "encoder" must be strings'
-        return None
-    ids = record.get("ids")
-    return None if isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) else '"ids" must list raw ids'

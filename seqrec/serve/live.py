@@ -19,7 +19,8 @@ import torch
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.serve.catalogue import Catalogue
-from seqrec.serve.catalogue_log import CatalogueLog, pack_vectors
+from seqrec.serve.catalogue_file import pack_vectors
+from seqrec.serve.catalogue_log import CatalogueLog
 from seqrec.serve.onnx_engine import OnnxEncoder
 
 _ENCODING = threading.Lock()

@@ -1,0 +1,178 @@
+"""The catalogue log's file (`seqrec.serve.catalogue_log`): its lines (what a change looks like, its
+vectors packed), reading and writing them whole, and the `.users` lock that keeps a compaction off a file
+a process keeps."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqrec.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+
+def catalogue_fingerprint(raw_ids: Sequence[str]) -> str:
+    """The catalogue a log belongs to: its raw ids in index order."""
+    return hashlib.sha256("\n".join(raw_ids).encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def pack_vectors(vectors: torch.Tensor) -> str:
+    """(n, D) vectors as an "items" line keeps them, bit for bit."""
+    return base64.b64encode(vectors.detach().cpu().float().numpy().astype("<f4").tobytes()).decode("ascii")
+
+
+def unpack_vectors(text: str, rows: int) -> np.ndarray:
+    """`pack_vectors`'s (rows, D) float32 array; a SeqrecError if `text` is not that."""
+    try:
+        flat = np.frombuffer(base64.b64decode(text, validate=True), dtype="<f4")
+    except (binascii.Error, ValueError):
+        raise SeqrecError('"vectors" is not base64 float32') from None
+    if rows == 0 or flat.size == 0 or flat.size % rows:
+        raise SeqrecError(f'"vectors" holds {flat.size} floats, not a row for each of {rows} item(s)')
+    return flat.reshape(rows, -1).astype(np.float32)
+
+
+def read_lines(path: Path, lines: list[bytes], first: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, "file:line", record) for each line that is not blank, numbered from `first`: a change
+    (its vectors unpacked) or a catalogue line; a SeqrecError naming the line for anything else."""
+    for number, raw in enumerate(lines, first):
+        if not raw.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError too
+            raise SeqrecError(f"{where}: not JSON ({exc})") from None
+        if isinstance(record, dict) and record.get("op") == "catalogue":
+            yield number, where, record
+            continue
+        why = invalid(record)
+        if why:
+            raise SeqrecError(f"{where}: not a catalogue change: {why}")
+        if record["op"] == "items" and "vectors" in record:
+            try:
+                record["vectors"] = unpack_vectors(record["vectors"], len(record["items"]))
+            except SeqrecError as exc:
+                raise SeqrecError(f"{where}: {exc}") from None
+        yield number, where, record
+
+
+def check_head(record: dict[str, Any], where: str, first: bool) -> None:
+    if not (isinstance(record.get("fingerprint"), str) and isinstance(record.get("items"), int)):
+        raise SeqrecError(f"{where}: not a catalogue change: a bad catalogue line")
+    if not first:
+        raise SeqrecError(f"{where}: not a catalogue change: a catalogue line must come first")
+
+
+def users_path(path: Path) -> Path:
+    return path.with_name(path.name + ".users")
+
+
+def same_file(path: Path, fd: int) -> bool:
+    try:
+        a, b = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def hold_users(path: Path, wait: bool = True) -> tuple[int | None, bool]:
+    """A lock on `<path>.users`: shared by every process that keeps the log (`wait`: behind a compaction under
+    way), exclusive for a compaction (refused while any keeps it). -> (its descriptor, or None where the
+    folder takes no new file, so no compaction can run there either; whether this call created the file).
+    The file is only ever removed under the exclusive lock, and a lock taken on a removed one is taken again."""
+    users = users_path(path)
+    while True:
+        created = False
+        try:
+            try:
+                fd = os.open(users, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o666)  # flock needs no write access
+                created = True
+            except FileExistsError:
+                fd = os.open(users, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # removed between the two opens
+        except OSError as exc:
+            if wait:
+                log.warning("%s: no %s beside it (%s): nothing keeps `seqrec compact-log` off it while it is served",
+                            path, users.name, exc.strerror)
+                return None, False
+            raise SeqrecError(f"{path}: cannot open {users.name} beside it ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SeqrecError(f"{path} is kept by a running service (or a compaction): stop it before compacting "
+                              "the log") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if same_file(users, fd):
+            return fd, created
+        os.close(fd)  # locked a `.users` that a compaction removed meanwhile: take the one there now
+
+
+def let_users_go(path: Path, fd: int | None, created: bool) -> None:
+    """Close a `.users` descriptor; one this process created goes if no process holds it (taken exclusively
+    first, so nobody waits on a removed file)."""
+    if fd is None:
+        return
+    if created:
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if same_file(users_path(path), fd):
+                users_path(path).unlink()
+    os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is out (a write may take fewer, on a nearly full disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_at(fd: int, offset: int, n: int) -> bytes:
+    """n bytes from offset (one pread returns at most about 2 GiB on Linux)."""
+    parts = []
+    while n > 0:
+        part = os.pread(fd, min(n, 1 << 30), offset)
+        if not part:
+            break
+        parts.append(part)
+        offset += len(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def line_bytes(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record) + "\n").encode()  # ASCII: any string, a lone surrogate too, round-trips
+
+
+def invalid(record: Any) -> str | None:
+    """What is wrong with a change read from a line, or None."""
+    if not isinstance(record, dict) or record.get("op") not in ("items", "remove"):
+        return 'expected {"op": "items", ...} or {"op": "remove", ...}'
+    if record["op"] == "items":
+        items = record.get("items")
+        if not isinstance(items, dict) or not items or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v.strip() for k, v in items.items()):
+            return '"items" must map raw ids to texts that are not empty'
+        if not isinstance(record.get("vectors", ""), str) or not isinstance(record.get("encoder", ""), str):
+            return '"vectors" and "encoder" must be strings'
+        return None
+    ids = record.get("ids")
+    return None if isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) else '"ids" must list raw ids'
