@@ -55,8 +55,11 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# the test files spread over JOBS processes (pytest-xdist; a file's tests stay in one process, so its
+# module fixtures are built once): most tests wait on imports, subprocesses and small models, not cores
+JOBS ?= 2
 unit: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(JOBS) --dist loadfile
 
 test: lint typecheck unit
 

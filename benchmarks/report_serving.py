@@ -68,7 +68,28 @@ def serve_load(d: dict[str, Any]) -> list[str]:
         lines.append(f"| {length} | {r['kv_cache']:.2f} | {r['re_encode']:.2f} | {r['speedup']:.1f}× | "
                      f"{r['encoder_kv_cache']:.2f} | {r['encoder_re_encode']:.2f} | {r['encoder_speedup']:.1f}× |")
     lines += ["", "An event's time includes the exact top-10 over the whole catalogue, which the cache does not "
-              "change; the model-alone columns show what the cache saves."]
+              "change; the model-alone columns show what the cache saves.", *_shared_sessions(d)]
+    return lines
+
+
+def _shared_sessions(d: dict[str, Any]) -> list[str]:
+    rows = d.get("shared_sessions")
+    if not rows:
+        return []
+    lines = ["", "Sessions spread over worker processes: `seqrec serve --workers N` (SASRec, exact top-10), the "
+             "workers sharing one session store; "
+             f"{rows['1']['sessions']:,} sessions of {rows['1']['events'] // rows['1']['sessions']} events, "
+             f"{rows['1']['concurrency']} at a time, every event on a new connection (so with 2 workers the kernel "
+             "picks which one answers); each answer then checked against POST /recommend on the same history "
+             "(the same items in the same order, scores within 1e-4). One event from a worker whose cache "
+             "lacks the events another worker took extends it by those (not one cached step). "
+             "`python benchmarks/serve_load.py --parts shared_sessions`.", "",
+             *header(["workers", "events", "failed", "differ from /recommend", "one cached step", "events/s",
+                      "p50 ms", "p99 ms"])]
+    for r in rows.values():
+        lines.append(f"| {r['workers']} | {r['events']:,} | {r['failures']} | {r['differ_from_recommend']} | "
+                     f"{r['cached_events']:,} | {r['events_per_s']:.0f} | {r['event_ms_p50']:.1f} | "
+                     f"{r['event_ms_p99']:.1f} |")
     return lines
 
 

@@ -18,6 +18,12 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
                 processes (ivf, onnx engine; with 2, an item counts as visible once 5 answers in a row,
                 each on a new connection, return it), then the time until a restarted service answers:
                 with no log, with that log, and with the log stripped of its encoder vectors
+    shared_sessions
+                sessions spread over 1 and 2 worker processes (one session store file; every event on
+                a new connection, so the kernel picks the worker): 200 sessions of 30 events, 8 at a
+                time (SASRec, exact top-10 over 100k items); per-event latency, events/s, failures, how
+                many events were one cached step, and every answer against POST /recommend on the
+                same history
     sessions    time per session event with the KV cache against re-encoding the history, at
                 history length 10, 50 and 200 (in process, 1 thread, exact top-10 over 100k items),
                 and the model's part alone (one cached step against encoding the whole history)
@@ -140,7 +146,7 @@ ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine
 LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
 # deletion rows: (results key, --index)
 DELETE_ROWS = (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf"))
-PARTS = ("recommend", "live", "workers", "deletes", "sessions")
+PARTS = ("recommend", "live", "workers", "deletes", "shared_sessions", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -291,6 +297,58 @@ def bench_deletes(run: Path, n_items: int, n_delete: int, cap: float, index: str
     return out
 
 
+async def _session_events(port: int, plans: list[list[str]], concurrency: int) -> dict[str, Any]:
+    """Each session's events in order, `concurrency` sessions at a time, then each answer checked against
+    /recommend on the same history (items in the same order; scores within 1e-4)."""
+    answers: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    latencies: list[float] = []
+    failures = cached = 0
+    waiting = list(range(len(plans)))
+
+    async def one_at_a_time() -> None:
+        nonlocal failures, cached
+        while waiting:
+            s = waiting.pop()
+            for n, item in enumerate(plans[s], start=1):
+                t0 = time.perf_counter()
+                status, body = await call("127.0.0.1", port, "POST", f"/sessions/load{s}/events", {"item": item})
+                latencies.append(time.perf_counter() - t0)
+                if status != 200:
+                    failures += 1
+                    break
+                answers[s, n] = body["recommendations"]  # type: ignore[index]
+                cached += bool(body["cached"])  # type: ignore[index]
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    differ = 0
+    for (s, n), got in answers.items():
+        status, want = await call("127.0.0.1", port, "POST", "/recommend", {"history": plans[s][:n]})
+        same = status == 200 and [r["item"] for r in got] == [r["item"] for r in want["items"]]  # type: ignore[index]
+        differ += not (same and np.allclose([r["score"] for r in got], [r["score"] for r in want["items"]],  # type: ignore[index]
+                                            atol=1e-4, rtol=0))
+    ms = np.array(latencies) * 1e3
+    return {"sessions": len(plans), "events": len(latencies), "concurrency": concurrency, "failures": failures,
+            "cached_events": cached, "differ_from_recommend": differ, "events_per_s": len(latencies) / wall,
+            "event_ms_p50": float(np.median(ms)), "event_ms_p99": float(np.percentile(ms, 99))}
+
+
+def bench_shared_sessions(run: Path, n_items: int, n_sessions: int, length: int) -> dict[str, Any]:
+    """Sessions through 1 and 2 worker processes that share one session store (exact top-10, torch)."""
+    rng = np.random.default_rng(3)
+    plans = [[f"i{i}" for i in np.minimum(rng.zipf(1.2, length), n_items)] for _ in range(n_sessions)]
+    out: dict[str, Any] = {}
+    for workers in (1, 2):
+        server = Server(run, WORK / "serve" / f"sessions-workers{workers}.log", workers=workers)
+        try:
+            out[str(workers)] = {"workers": workers, **asyncio.run(_session_events(server.port, plans, 8))}
+            print(f"sessions, {workers} worker(s): {out[str(workers)]}", flush=True)
+        finally:
+            server.stop()
+    return out
+
+
 def bench_sessions(n_items: int, lengths: tuple[int, ...], repeats: int) -> dict[str, Any]:
     """Per event at history length L: the cached step against re-encoding the L items (both + top-10)."""
     torch.set_num_threads(1)
@@ -365,6 +423,10 @@ def main() -> None:
         build_sasrec(sasrec_run, n_items, 50)
         for key, index in DELETE_ROWS:
             results[key] = bench_deletes(sasrec_run, n_items, 600 if args.tiny else 30_000, 600.0, index)
+    if "shared_sessions" in args.parts:
+        build_sasrec(sasrec_run, n_items, 50)
+        results["shared_sessions"] = bench_shared_sessions(sasrec_run, n_items, 16 if args.tiny else 200,
+                                                           10 if args.tiny else 30)
     if "sessions" in args.parts:
         results["sessions"] = bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200),
                                              3 if args.tiny else 20)

@@ -5,6 +5,7 @@ every bad request is a 4xx with a JSON error."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,53 @@ def test_session_equals_recommend_on_the_same_history(runs: dict[str, Path], nam
     assert client.get("/sessions/s1").json()["n_events"] == len(events)
     assert client.delete("/sessions/s1").status_code == 200
     assert client.get("/sessions/s1").status_code == 404
+
+
+@pytest.mark.parametrize("name", ["sasrec", "gru4rec", "bert4rec"])
+def test_sessions_shared_by_worker_processes(runs: dict[str, Path], tmp_path: Path, name: str) -> None:
+    """Two services over one session store file, as `serve --workers 2` runs them: events spread over both
+    answer as `recommend` on the whole history; a process that lacks events the other took extends its
+    cache by them; a session ended through one and started again through the other starts afresh."""
+    rec = Recommender.from_run(runs[name])
+    store = str(tmp_path / "sessions.sqlite")
+    one, two = (TestClient(create_app(Recommender.from_run(runs[name]), session_store=store)) for _ in range(2))
+    events = ["i3", "i4", "i5", "i9", "i4", "i10", "i11", "i12", "i13", "i14", "i1"]  # 11 > max_len = 8
+    route = [one, one, two, one, two, two, one, one, two, one, two]
+    last: dict[int, int] = {}  # the last event each service answered
+    for n, (item, client) in enumerate(zip(events, route, strict=True), start=1):
+        got = client.post("/sessions/s1/events", json={"item": item, "k": 10}).json()
+        want = rec.recommend(events[:n], 10)
+        assert got["n_events"] == n and got["items"] == events[:n]
+        assert [r["item"] for r in got["recommendations"]] == [r.item for r in want], n
+        assert [r["score"] for r in got["recommendations"]] == pytest.approx([r.score for r in want], abs=1e-5)
+        one_step = n == 1 or last.get(id(client)) == n - 1
+        assert got["cached"] == (rec.model.can_extend() and n <= rec.max_len and one_step), n
+        last[id(client)] = n
+    assert one.get("/sessions/s1").json() == two.get("/sessions/s1").json()
+    assert one.get("/health").json()["sessions"] == 1
+    assert two.delete("/sessions/s1").status_code == 200
+    assert one.get("/sessions/s1").status_code == 404
+    for n, item in enumerate(["i7", "i8"], start=1):  # nothing of the ended session's caches is reused
+        again = one.post("/sessions/s1/events", json={"item": item, "k": 10}).json()
+        assert again["items"] == ["i7", "i8"][:n] and [r["item"] for r in again["recommendations"]] == [
+            r.item for r in rec.recommend(["i7", "i8"][:n], 10)]
+
+
+def test_session_bounds_hold_across_processes(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Live sessions, events per session and the idle time are the store's: counted over every process."""
+    store = str(tmp_path / "sessions.sqlite")
+    a, b = (TestClient(create_app(Recommender.from_run(runs["sasrec"]), max_sessions=2, session_events=3,
+                                  session_ttl_s=1.0, session_store=store)) for _ in range(2))
+    assert a.post("/sessions/s1/events", json={"item": "i1"}).status_code == 200
+    assert b.post("/sessions/s2/events", json={"item": "i1"}).status_code == 200
+    assert b.post("/sessions/s3/events", json={"item": "i1"}).status_code == 429
+    for client in (b, a):
+        assert client.post("/sessions/s1/events", json={"item": "i2"}).status_code == 200
+    assert b.post("/sessions/s1/events", json={"item": "i2"}).status_code == 409
+    assert a.get("/health").json()["sessions"] == b.get("/health").json()["sessions"] == 2
+    time.sleep(1.1)  # both sessions idle out
+    assert a.get("/sessions/s1").status_code == 404 and b.get("/health").json()["sessions"] == 0
+    assert b.post("/sessions/s3/events", json={"item": "i1"}).status_code == 200
 
 
 def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, Path]) -> None:

@@ -1,6 +1,6 @@
 """benchmarks/serve_load.py in its tiny mode: the service under bounded loopback load, the live catalogue
 on both engines (a text model served by ONNX Runtime while items are added by text), shared by two worker
-processes through a catalogue log, the restarts, the sessions."""
+processes through a catalogue log, the restarts, sessions spread over two worker processes, the sessions."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
         gone = result[key]  # 600 of 2,000 items deleted: past a quarter, so the index was rebuilt
         assert gone["index"] == index and gone["deleted"] == 600 and gone["delete_failures"] == 0
         assert gone["rebuilds_logged"] >= 1 and gone["load_during_deletes"]["failed"] == 0
+    for workers in ("1", "2"):  # sessions spread over the workers answer as /recommend on the same history
+        shared = result["shared_sessions"][workers]
+        assert shared["events"] == 160 and shared["failures"] == 0 and shared["differ_from_recommend"] == 0
+    assert result["shared_sessions"]["1"]["cached_events"] == 160  # one process: every event one step
     assert set(result["sessions"]) == {"10", "50"}
     # parts run again keep the others
     before = result["sessions"]

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 
 from seqrec.errors import SeqrecError
@@ -36,7 +37,8 @@ def build_app(options: dict) -> object:
                                                replayed, ", a cut-short last line dropped" if dropped else "")
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
-                      sessions_enabled=one, catalogue_writable=one or bool(options.get("catalogue_log")),
+                      session_store=options.get("session_store"),
+                      catalogue_writable=one or bool(options.get("catalogue_log")),
                       max_queue=options.get("max_queue", MAX_QUEUE))
 
 
@@ -89,20 +91,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
         raise SeqrecError(f"--session-ttl must be a finite number of seconds > 0, got {args.session_ttl}")
-    if args.catalogue_log and not Path(args.catalogue_log).resolve().parent.is_dir():
-        raise SeqrecError(f"--catalogue-log {args.catalogue_log}: its folder does not exist")
+    for flag, path in (("--catalogue-log", args.catalogue_log), ("--session-store", args.session_store)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise SeqrecError(f"{flag} {path}: its folder does not exist")
+    if args.session_store:  # one that cannot be opened is said once, before the workers start
+        from seqrec.serve.session_store import SessionStore
+
+        SessionStore(args.session_store)
     run = _zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
                "engine": args.engine, "max_queue": args.max_queue,
-               "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None}
+               "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None,
+               "session_store": str(Path(args.session_store).resolve()) if args.session_store else None}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
     if args.workers == 1:
         app = build_app(options)
         uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
-    else:  # each worker builds its own app; sessions need one process, catalogue changes a catalogue log
+        return 0
+    # each worker builds its own app; they share the sessions through one store file (a temporary one unless
+    # named) and the catalogue's changes through a catalogue log
+    with tempfile.TemporaryDirectory(prefix="seqrec-sessions-") as scratch:
+        options["session_store"] = options["session_store"] or str(Path(scratch) / "sessions.sqlite")
         os.environ[ENV] = json.dumps(options)
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning")
@@ -152,8 +164,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--index", choices=["exact", "hnsw", "ivf"], default="exact",
                    help="top-k retrieval: exact scoring, or a FAISS HNSW / IVF index")
     s.add_argument("--workers", type=int, default=1,
-                   help="worker processes; with more than one, sessions are off and the catalogue changes only "
-                        "through --catalogue-log, which the workers share")
+                   help="worker processes; with more than one, they share the sessions through a session store "
+                        "(--session-store, or a temporary file) and the catalogue changes only through "
+                        "--catalogue-log, which they share too")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",
@@ -163,6 +176,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-sessions", type=int, default=10_000)
     s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
     s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")
+    s.add_argument("--session-store", metavar="FILE",
+                   help="keep the sessions' events in this SQLite file (created if absent), which every worker "
+                        "shares; sessions then outlive a restart until they idle out (default: in memory with "
+                        "one worker, a temporary file with several)")
     s.add_argument("--catalogue-log", metavar="FILE",
                    help="keep the live catalogue's changes (items added or replaced by text, items removed) in "
                         "this JSON-lines file: replayed at start, appended to before each change is answered, "

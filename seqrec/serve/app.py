@@ -33,7 +33,8 @@ from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLogBroken
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
-from seqrec.serve.sessions import SessionFull, SessionLimit, Sessions
+from seqrec.serve.session_store import SessionFull, SessionLimit
+from seqrec.serve.sessions import Sessions
 
 log = logging.getLogger("seqrec.serve")
 
@@ -157,16 +158,16 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
-               session_ttl_s: float = 1800.0, limits: Limits | None = None, sessions_enabled: bool = True,
+               session_ttl_s: float = 1800.0, limits: Limits | None = None, session_store: str | None = None,
                catalogue_writable: bool = True, max_queue: int = MAX_QUEUE) -> FastAPI:
     """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
-    answered 503 with Retry-After. `sessions_enabled` is off when several worker processes
-    serve one port (each would hold its own sessions), `catalogue_writable` when they share no catalogue
-    log (each would hold its own catalogue)."""
+    answered 503 with Retry-After. `session_store`: the sessions' database file, which the worker
+    processes serving one port share (None: in this process's memory). `catalogue_writable` is off when
+    they share no catalogue log (each would hold its own catalogue)."""
     app = FastAPI(title="seqrec", version=_version(),
                   description="Sequential recommendation: top-k next items for a history of raw item ids.")
     metrics = Metrics()
-    sessions = Sessions(rec, max_sessions, session_events, session_ttl_s)
+    sessions = Sessions(rec, max_sessions, session_events, session_ttl_s, store=session_store)
     batcher = Batcher(rec, max_queue=max_queue)  # all model work on its one thread; /recommend requests batched
     app.state.recommender, app.state.sessions, app.state.metrics, app.state.batcher = rec, sessions, metrics, batcher
     app.router.on_shutdown.append(batcher.close)
@@ -270,14 +271,12 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128, pattern="^[^/]+$")],
                         req: EventRequest) -> SessionResponse:
         """Append one event to a server-side session (created on its first event); returns the new top-k."""
-        _sessions_on(sessions_enabled)
         return _session(await batcher.run(sessions.add_event, session_id, req.item, req.k, req.exclude_seen,
                                            req.time, req.values))
 
     @app.get("/sessions/{session_id}", response_model=SessionResponse)
     async def get_session(session_id: Annotated[str, Path(min_length=1, max_length=128)],
                           k: Annotated[int, Query(ge=1, le=1000)] = 10) -> SessionResponse:
-        _sessions_on(sessions_enabled)
         try:
             return _session(await batcher.run(sessions.view, session_id, k))
         except KeyError:
@@ -285,7 +284,6 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.delete("/sessions/{session_id}")
     async def end_session(session_id: Annotated[str, Path(min_length=1, max_length=128)]) -> dict[str, Any]:
-        _sessions_on(sessions_enabled)
         if not sessions.end(session_id):
             raise HTTPException(404, f"no session {session_id!r}")
         return {"ended": session_id}
@@ -319,11 +317,6 @@ def _writable(on: bool) -> None:
     if not on:
         raise HTTPException(409, "worker processes without a catalogue log cannot change the catalogue: start the "
                                  "service with --catalogue-log FILE (or --workers 1) to add or remove items")
-
-
-def _sessions_on(on: bool) -> None:
-    if not on:
-        raise HTTPException(409, "sessions live in one process; start the service with --workers 1")
 
 
 def _info(rec: Recommender, raw: str) -> ItemInfo:

@@ -12,8 +12,11 @@ features encodes the session with them, as `recommend` does with `times` and `ev
 event leaves out is missing (NaN) at that position. Such models re-encode at every event (their
 inputs are not cached).
 
-Bounded: at most `max_sessions` live sessions, each at most `max_events` events; a session idle
-for `ttl_s` seconds is dropped.
+The events themselves live in a `SessionStore` (seqrec.serve.session_store), which bounds them: at
+most `max_sessions` live sessions, each at most `max_events` events; a session idle for `ttl_s`
+seconds is dropped. With a store file that several processes share (`seqrec serve --workers N`), an
+event may reach any of them: a process whose cache lacks events another took extends it by those
+(one position each), so the answer stays that of the whole history.
 """
 
 from __future__ import annotations
@@ -30,26 +33,17 @@ import torch
 
 from seqrec.errors import SeqrecError
 from seqrec.serve.recommender import NOTHING_LEFT, Recommendation, Recommender
-
-
-class SessionLimit(SeqrecError):
-    """Too many live sessions (the service answers 429, Retry-After when the oldest idle one expires)."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class SessionFull(SeqrecError):
-    """A session has reached its length bound (409: it takes no more events; start a new one)."""
+from seqrec.serve.session_store import Event, SessionStore, event
 
 
 @dataclass
-class Session:
+class Cached:
+    """What this process holds of one session start (`token`): the item indices of its first events
+    and the model's cache of exactly those (None: empty, not cacheable, or dropped)."""
+
+    token: str
     items: list[int] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)  # one per item, NaN where the event gave none
-    values: dict[str, list[float]] = field(default_factory=dict)  # feature -> one per item, NaN where absent
-    cache: Any = None  # the model's cache of `items` (None: empty, not cacheable, or dropped)
+    cache: Any = None
     generation: int = 0  # the catalogue's generation the cache was computed under
     touched: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -66,105 +60,98 @@ class SessionView:
 
 class Sessions:
     def __init__(self, recommender: Recommender, max_sessions: int = 10_000, max_events: int = 1_000,
-                 ttl_s: float = 1800.0, kv_cache: bool = True) -> None:
-        """`kv_cache=False` re-encodes the history at every event (what a service without one does)."""
-        self.rec, self.kv_cache = recommender, kv_cache
-        self.max_sessions, self.max_events, self.ttl_s = max_sessions, max_events, ttl_s
-        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+                 ttl_s: float = 1800.0, kv_cache: bool = True, store: str | None = None) -> None:
+        """`kv_cache=False` re-encodes the history at every event (what a service without one does);
+        `store`: the session store file the worker processes share (None: in this process's memory)."""
+        self.rec, self.kv_cache, self.ttl_s = recommender, kv_cache, ttl_s
+        self.store = SessionStore(store, max_sessions, max_events, ttl_s)
+        self._cached: OrderedDict[str, Cached] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        """Live sessions: idle ones are dropped first (so /health and /metrics never count them)."""
-        with self._lock:
-            self._expire(time.monotonic())
-            return len(self._sessions)
+        """Live sessions, in every process that shares the store."""
+        return len(self.store)
 
-    def _expire(self, now: float) -> None:
-        while self._sessions:
-            sid, oldest = next(iter(self._sessions.items()))
-            if now - oldest.touched < self.ttl_s:
-                break
-            del self._sessions[sid]
-
-    def _get(self, sid: str, create: bool) -> Session:
+    def _cached_for(self, sid: str, token: str) -> Cached:
+        """This process's cache of the session start `token` (a fresh one for a new start); at most
+        `max_sessions` are kept, the least recently used dropped first (they can be rebuilt)."""
         with self._lock:
             now = time.monotonic()
-            self._expire(now)
-            session = self._sessions.get(sid)
-            if session is None:
-                if not create:
-                    raise KeyError(sid)
-                if len(self._sessions) >= self.max_sessions:
-                    oldest = next(iter(self._sessions.values())).touched if self._sessions else now
-                    raise SessionLimit(f"too many live sessions ({self.max_sessions}); "
-                                       "end one (DELETE /sessions/{id}) or wait for idle ones to expire",
-                                       retry_after_s=oldest + self.ttl_s - now)
-                session = self._sessions[sid] = Session()
-            session.touched = now
-            self._sessions.move_to_end(sid)
-            return session
+            while self._cached and now - next(iter(self._cached.values())).touched >= self.ttl_s:
+                self._cached.popitem(last=False)
+            cached = self._cached.get(sid)
+            if cached is None or cached.token != token:
+                cached = self._cached[sid] = Cached(token)
+                if len(self._cached) > self.store.max_sessions:
+                    self._cached.popitem(last=False)
+            cached.touched = now
+            self._cached.move_to_end(sid)
+            return cached
 
     def end(self, sid: str) -> bool:
         with self._lock:
-            return self._sessions.pop(sid, None) is not None
+            self._cached.pop(sid, None)
+        return self.store.end(sid)
 
     def view(self, sid: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
         """The session's events and its current top-k (re-encoded; no event is added)."""
-        session = self._get(sid, create=False)
-        with session.lock:
-            if not session.items:
-                return SessionView(sid, 0, [], [], False)
-            states, batch = self.rec.encode([session.items], self._events(session.times, session.values))
-            return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
+        token, n = self.store.touch(sid)
+        events = self.store.events(token, 0, n)
+        items = self.rec.to_indices([e.item for e in events])
+        states, batch = self.rec.encode([items], self._features(events))
+        return self._answer(sid, items, states, batch.items, k, exclude_seen, False)
 
-    def _events(self, times: list[float], values: Mapping[str, list[float]]) -> list[dict[str, Any]] | None:
+    def _features(self, events: list[Event]) -> list[dict[str, Any]] | None:
         """The event features of a session's history, as `Recommender.recommend` builds them (a NaN time
         makes that event's gap and hour missing); None for a model without event features."""
         if not self.rec.model.event_feature_names():
             return None
-        return [self.rec.history_events(len(times), times, values)]
+        names = {name for e in events for name in e.values}
+        values = {name: [e.values.get(name, math.nan) for e in events] for name in names}
+        return [self.rec.history_events(len(events), [e.time for e in events], values)]
 
     @torch.no_grad()
     def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False, time_s: float | None = None,
                   values: Mapping[str, float] | None = None) -> SessionView:
         """Append one event (a raw item id; its time in seconds and event feature values, if any) to the
-        session (created if new) -> the new top-k."""
+        session (created if new) -> the top-k after it."""
         (idx,) = self.rec.to_indices([item])
         self.rec.check_k(k)
         if values:
             self.rec.check_event_names(list(values))
-        session = self._get(sid, create=True)
-        with session.lock:
-            if len(session.items) >= self.max_events:
-                raise SessionFull(f"session {sid!r} has reached {self.max_events} events; start a new one")
-            # the session changes only once the model has run
-            items = [*session.items, idx]
-            times = [*session.times, math.nan if time_s is None else float(time_s)]
-            n, given = len(session.items), dict(values or {})
-            feats = {name: [*session.values.get(name, [math.nan] * n), float(given.get(name, math.nan))]
-                     for name in {*session.values, *given}}
+        token, pos = self.store.append(sid, event(item, time_s, values))  # the event counts from here
+        cached = self._cached_for(sid, token)
+        with cached.lock:
+            known = cached.items[:pos]  # events before this one that other requests or processes took
+            if len(known) < pos:
+                known += self.rec.to_indices([e.item for e in self.store.events(token, len(known), pos)])
+            items = [*known, idx]
             model, cat = self.rec.model, self.rec.catalogue
-            device = cat.vectors.device
+            ahead = len(cached.items) > pos  # a later event of this session was answered first: leave its cache
             if not (self.kv_cache and model.can_extend() and len(items) <= self.rec.max_len):
                 # beyond max_len the window slides: every position moves
-                states, batch = self.rec.encode([items], self._events(times, feats))
-                session.items, session.times, session.values, session.cache = items, times, feats, None
-                return self._answer(sid, session, states, batch.items, k, exclude_seen, False)
+                features = self._features(self.store.events(token, 0, pos + 1)) if model.event_feature_names() \
+                    else None
+                states, batch = self.rec.encode([items], features)
+                if not ahead:
+                    cached.items, cached.cache = items, None
+                return self._answer(sid, items, states, batch.items, k, exclude_seen, False)
             # an item's text replaced since the cache was made changes its keys and values: rebuild. The
             # generation is read before the model runs, so a replacement during it forces the next rebuild.
             generation = cat.generation
-            fresh = session.cache is not None and session.generation == generation
-            states, cache = model.extend(torch.tensor([[idx]] if fresh else [items], device=device),
-                                         session.cache if fresh else None)
-            session.items, session.times, session.values = items, times, feats
-            session.cache, session.generation = cache, generation
-            window = torch.tensor([items], device=device)
-            return self._answer(sid, session, states, window, k, exclude_seen, fresh or len(items) == 1)
+            fresh = cached.cache is not None and cached.generation == generation and not ahead
+            new = items[len(cached.items):] if fresh else items
+            states, cache = model.extend(torch.tensor([new], device=cat.vectors.device),
+                                         cached.cache if fresh else None)
+            if not ahead:
+                cached.items, cached.cache, cached.generation = items, cache, generation
+            window = torch.tensor([items], device=cat.vectors.device)
+            return self._answer(sid, items, states, window, k, exclude_seen, len(new) == 1)
 
-    def _answer(self, sid: str, session: Session, states: torch.Tensor, window: torch.Tensor, k: int,
+    def _answer(self, sid: str, items: list[int], states: torch.Tensor, window: torch.Tensor, k: int,
                 exclude_seen: bool, cached: bool) -> SessionView:
-        recs = self.rec.top_k(states, window, k, [session.items if exclude_seen else None])[0]
+        recs = self.rec.top_k(states, window, k, [items if exclude_seen else None])[0]
         if not recs:  # as `Recommender.recommend` answers the same history
             raise SeqrecError(NOTHING_LEFT)
         raw = self.rec.catalogue.raw_ids
-        return SessionView(sid, len(session.items), [raw[i - 1] for i in session.items], recs, cached)
+        return SessionView(sid, len(items), [raw[i - 1] for i in items], recs, cached)
