@@ -68,8 +68,16 @@ def serve_load(d: dict[str, Any]) -> list[str]:
         lines.append(f"| {length} | {r['kv_cache']:.2f} | {r['re_encode']:.2f} | {r['speedup']:.1f}× | "
                      f"{r['encoder_kv_cache']:.2f} | {r['encoder_re_encode']:.2f} | {r['encoder_speedup']:.1f}× |")
     lines += ["", "An event's time includes the exact top-10 over the whole catalogue, which the cache does not "
-              "change; the model-alone columns show what the cache saves.", *_shared_sessions(d)]
+              "change; the model-alone columns show what the cache saves." + _when(d, "sessions"),
+              *_shared_sessions(d)]
     return lines
+
+
+def _when(d: dict[str, Any], part: str) -> str:
+    """Where a part of serve_load.json was measured apart from the others: its commit and day."""
+    at = d.get("measured_at", {}).get(part)
+    return "" if at is None else (f" Measured at commit {at['commit']} on {at['date']}, apart from the tables above "
+                                  "(this machine's speed varies by day: compare these rows with each other).")
 
 
 def _shared_sessions(d: dict[str, Any]) -> list[str]:
@@ -83,7 +91,7 @@ def _shared_sessions(d: dict[str, Any]) -> list[str]:
              "picks which one answers); each answer then checked against POST /recommend on the same history "
              "(the same items in the same order, scores within 1e-4). One event from a worker whose cache "
              "lacks the events another worker took extends it by those (not one cached step). "
-             "`python benchmarks/serve_load.py --parts shared_sessions`.", "",
+             "`python benchmarks/serve_load.py --parts shared_sessions`." + _when(d, "shared_sessions"), "",
              *header(["workers", "events", "failed", "differ from /recommend", "one cached step", "events/s",
                       "p50 ms", "p99 ms"])]
     for r in rows.values():

@@ -301,6 +301,43 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(runs: dict
     assert batcher.batched == len(bodies) - 1 and batcher.batches < batcher.batched  # some ran together
 
 
+def test_session_events_join_the_batches_and_each_stays_exact(runs: dict[str, Path]) -> None:
+    """Events of several sessions at once, among /recommend requests: one search serves them together,
+    each answer is `recommend` on its session's history, and a bad event fails alone."""
+    import asyncio
+
+    import httpx
+
+    rec = Recommender.from_run(runs["sasrec"])
+    app = create_app(rec)
+    plans = {f"s{j}": [f"i{(j * 5 + n) % 29 + 1}" for n in range(6)] for j in range(6)}
+
+    async def session(client: httpx.AsyncClient, sid: str) -> list[httpx.Response]:
+        return [await client.post(f"/sessions/{sid}/events", json={"item": item, "exclude_seen": sid == "s1"})
+                for item in plans[sid]]
+
+    async def fire() -> tuple[list[list[httpx.Response]], list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            others = [client.post("/recommend", json={"history": h}) for h in HISTORIES]
+            bad = client.post("/sessions/bad/events", json={"item": "zz"})
+            *results, bad_answer = await asyncio.gather(*(session(client, sid) for sid in plans), *others, bad)
+            return results[: len(plans)], results[len(plans):], bad_answer
+
+    sessions, recommends, bad = asyncio.run(fire())
+    for (sid, plan), answers in zip(plans.items(), sessions, strict=True):
+        for n, got in enumerate(answers, start=1):
+            want = rec.recommend(plan[:n], 10, exclude_seen=sid == "s1")
+            assert got.status_code == 200 and got.json()["n_events"] == n, got.text
+            assert [r["item"] for r in got.json()["recommendations"]] == [r.item for r in want], (sid, n)
+            assert [r["score"] for r in got.json()["recommendations"]] == pytest.approx(
+                [r.score for r in want], abs=1e-5)
+    for history, got in zip(HISTORIES, recommends, strict=True):
+        assert [r["item"] for r in got.json()["items"]] == [r.item for r in rec.recommend(history, 10)]
+    assert bad.status_code == 404 and "'zz'" in bad.json()["error"]
+    batcher = app.state.batcher
+    assert batcher.batches < batcher.batched  # events and requests ran together
+
+
 def test_idle_sessions_expire(runs: dict[str, Path]) -> None:
     import time
 

@@ -271,8 +271,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128, pattern="^[^/]+$")],
                         req: EventRequest) -> SessionResponse:
         """Append one event to a server-side session (created on its first event); returns the new top-k."""
-        return _session(await batcher.run(sessions.add_event, session_id, req.item, req.k, req.exclude_seen,
-                                           req.time, req.values))
+        return _session(await batcher.session_event(sessions, session_id, req.item, req.k, req.exclude_seen,
+                                                     req.time, req.values))
 
     @app.get("/sessions/{session_id}", response_model=SessionResponse)
     async def get_session(session_id: Annotated[str, Path(min_length=1, max_length=128)],

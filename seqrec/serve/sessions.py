@@ -50,6 +50,23 @@ class Cached:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One event up to the search: the state after it and what the search needs."""
+
+    sid: str
+    items: list[int]  # the session's item indices up to this event
+    state: torch.Tensor  # (D,)
+    window: torch.Tensor  # (L,) the items the state has seen (the history bias reads them)
+    k: int
+    exclude_seen: bool
+    cached: bool  # one position of compute
+
+    @property
+    def excluded(self) -> list[int] | None:
+        return self.items if self.exclude_seen else None
+
+
+@dataclass(frozen=True)
 class SessionView:
     session_id: str
     n_events: int
@@ -93,13 +110,15 @@ class Sessions:
             self._cached.pop(sid, None)
         return self.store.end(sid)
 
+    @torch.no_grad()
     def view(self, sid: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
         """The session's events and its current top-k (re-encoded; no event is added)."""
         token, n = self.store.touch(sid)
         events = self.store.events(token, 0, n)
         items = self.rec.to_indices([e.item for e in events])
         states, batch = self.rec.encode([items], self._features(events))
-        return self._answer(sid, items, states, batch.items, k, exclude_seen, False)
+        step = Step(sid, items, states[0], batch.items[0], k, exclude_seen, False)
+        return self.finish(step, self.rec.top_k(states, batch.items, k, [step.excluded])[0])
 
     def _features(self, events: list[Event]) -> list[dict[str, Any]] | None:
         """The event features of a session's history, as `Recommender.recommend` builds them (a NaN time
@@ -110,11 +129,18 @@ class Sessions:
         values = {name: [e.values.get(name, math.nan) for e in events] for name in names}
         return [self.rec.history_events(len(events), [e.time for e in events], values)]
 
-    @torch.no_grad()
     def add_event(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False, time_s: float | None = None,
                   values: Mapping[str, float] | None = None) -> SessionView:
         """Append one event (a raw item id; its time in seconds and event feature values, if any) to the
         session (created if new) -> the top-k after it."""
+        step = self.step(sid, item, k, exclude_seen, time_s, values)
+        return self.finish(step, self.rec.top_k(step.state[None], step.window[None], k, [step.excluded])[0])
+
+    @torch.no_grad()
+    def step(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False, time_s: float | None = None,
+             values: Mapping[str, float] | None = None) -> Step:
+        """`add_event` up to the search: the event appended and the state after it (the service's batcher
+        searches for several events, and histories, at once)."""
         (idx,) = self.rec.to_indices([item])
         self.rec.check_k(k)
         if values:
@@ -135,7 +161,7 @@ class Sessions:
                 states, batch = self.rec.encode([items], features)
                 if not ahead:
                     cached.items, cached.cache = items, None
-                return self._answer(sid, items, states, batch.items, k, exclude_seen, False)
+                return Step(sid, items, states[0], batch.items[0], k, exclude_seen, False)
             # an item's text replaced since the cache was made changes its keys and values: rebuild. The
             # generation is read before the model runs, so a replacement during it forces the next rebuild.
             generation = cat.generation
@@ -145,13 +171,12 @@ class Sessions:
                                          cached.cache if fresh else None)
             if not ahead:
                 cached.items, cached.cache, cached.generation = items, cache, generation
-            window = torch.tensor([items], device=cat.vectors.device)
-            return self._answer(sid, items, states, window, k, exclude_seen, len(new) == 1)
+            window = torch.tensor(items, device=cat.vectors.device)
+            return Step(sid, items, states[0], window, k, exclude_seen, len(new) == 1)
 
-    def _answer(self, sid: str, items: list[int], states: torch.Tensor, window: torch.Tensor, k: int,
-                exclude_seen: bool, cached: bool) -> SessionView:
-        recs = self.rec.top_k(states, window, k, [items if exclude_seen else None])[0]
+    def finish(self, step: Step, recs: list[Recommendation]) -> SessionView:
+        """The answer to an event (or a view) from its step and the search's top-k."""
         if not recs:  # as `Recommender.recommend` answers the same history
             raise SeqrecError(NOTHING_LEFT)
         raw = self.rec.catalogue.raw_ids
-        return SessionView(sid, len(items), [raw[i - 1] for i in items], recs, cached)
+        return SessionView(step.sid, len(step.items), [raw[i - 1] for i in step.items], recs, step.cached)
