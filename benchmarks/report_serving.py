@@ -98,6 +98,16 @@ def _shared_sessions(d: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['workers']} | {r['events']:,} | {r['failures']} | {r['differ_from_recommend']} | "
                      f"{r['cached_events']:,} | {r['events_per_s']:.0f} | {r['event_ms_p50']:.1f} | "
                      f"{r['event_ms_p99']:.1f} |")
+    runs = _ab_runs("serve_load_sessions", SESSIONS_AB)
+    if runs:
+        lines += ["", "Session events in the batches: the same measurement at the commit before the change and at "
+                  "the change, one after the other on one day (files "
+                  + ", ".join(f"`results/serve_load_sessions_{c}.json`" for c, _, _ in runs) + ").", "",
+                  *header(["commit", "session events", "workers", "events/s", "p50 ms", "p99 ms",
+                           "differ from /recommend"])]
+        lines += [f"| {commit} | {what} | {r['workers']} | {r['events_per_s']:.0f} | {r['event_ms_p50']:.1f} | "
+                  f"{r['event_ms_p99']:.1f} | {r['differ_from_recommend']} |"
+                  for commit, what, d in runs for r in d["shared_sessions"].values()]
     return lines
 
 
@@ -108,6 +118,10 @@ LIVE_AB = (("ef2717e", "each add copies the tables (torch.cat)"),
 RECOMMEND_RERUN = "serve_load_recommend_rerun_640efd6.json"  # the /recommend part again, the same day
 # the deletion measurement at two commits, the same way: serve_load_deletes_<commit>.json
 DELETE_AB = (("1b5ca61", "inside the DELETE"), ("08f6a0d", "in the background"))
+
+
+# the shared-sessions measurement at two commits, the same way: serve_load_sessions_<commit>.json
+SESSIONS_AB = (("b48048f", "one search per event"), ("7d04731", "in the batches: one search for all"))
 
 
 def _live_before_after() -> list[str]:
