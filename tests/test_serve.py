@@ -135,11 +135,51 @@ def test_sessions_shared_by_worker_processes(runs: dict[str, Path], tmp_path: Pa
             r.item for r in rec.recommend(["i7", "i8"][:n], 10)]
 
 
+def test_an_event_whose_answer_fails_is_taken_back(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Nothing left to recommend (every item seen, exclude_seen) fails the event and leaves the session as it
+    was, through the service's batches and through `Sessions.add_event`; a session ended by another process
+    while its event is answered is said to be (409), not answered on a cut history."""
+    from seqrec.errors import SeqrecError
+    from seqrec.serve.session_store import SessionEnded
+    from seqrec.serve.sessions import Sessions
+
+    rec = Recommender.from_run(runs["sasrec"])
+    client = TestClient(create_app(rec))
+    items = [f"i{i}" for i in range(1, 31)]  # the whole catalogue
+    for item in items[:-1]:
+        assert client.post("/sessions/s/events", json={"item": item}).status_code == 200
+    failed = client.post("/sessions/s/events", json={"item": items[-1], "exclude_seen": True})
+    assert failed.status_code == 400 and "no item is left" in failed.json()["error"]
+    assert client.get("/sessions/s").json()["items"] == items[:-1]
+    got = client.post("/sessions/s/events", json={"item": "i1", "k": 10}).json()  # the cache holds no trace of it
+    assert got["items"] == [*items[:-1], "i1"]
+    assert [r["item"] for r in got["recommendations"]] == [r.item for r in rec.recommend([*items[:-1], "i1"], 10)]
+
+    store = str(tmp_path / "sessions.sqlite")
+    one, two = Sessions(rec, store=store), Sessions(rec, store=store)
+    for item in items[:-1]:
+        one.add_event("t", item)
+    with pytest.raises(SeqrecError, match="no item is left"):
+        one.add_event("t", items[-1], exclude_seen=True)
+    assert one.view("t").items == items[:-1]
+    append = two.store.append
+
+    def append_then_end(sid: str, event: object) -> tuple[str, int]:
+        taken = append(sid, event)  # type: ignore[arg-type]
+        one.end(sid)  # another process ends the session before this one reads its events
+        return taken
+
+    two.store.append = append_then_end  # type: ignore[method-assign]
+    with pytest.raises(SessionEnded, match="ended while this event was answered"):
+        two.add_event("t", "i2")
+    assert len(two) == 0
+
+
 def test_session_bounds_hold_across_processes(runs: dict[str, Path], tmp_path: Path) -> None:
     """Live sessions, events per session and the idle time are the store's: counted over every process."""
     store = str(tmp_path / "sessions.sqlite")
     a, b = (TestClient(create_app(Recommender.from_run(runs["sasrec"]), max_sessions=2, session_events=3,
-                                  session_ttl_s=1.0, session_store=store)) for _ in range(2))
+                                  session_ttl_s=2.5, session_store=store)) for _ in range(2))
     assert a.post("/sessions/s1/events", json={"item": "i1"}).status_code == 200
     assert b.post("/sessions/s2/events", json={"item": "i1"}).status_code == 200
     assert b.post("/sessions/s3/events", json={"item": "i1"}).status_code == 429
@@ -147,7 +187,7 @@ def test_session_bounds_hold_across_processes(runs: dict[str, Path], tmp_path: P
         assert client.post("/sessions/s1/events", json={"item": "i2"}).status_code == 200
     assert b.post("/sessions/s1/events", json={"item": "i2"}).status_code == 409
     assert a.get("/health").json()["sessions"] == b.get("/health").json()["sessions"] == 2
-    time.sleep(1.1)  # both sessions idle out
+    time.sleep(2.6)  # both sessions idle out
     assert a.get("/sessions/s1").status_code == 404 and b.get("/health").json()["sessions"] == 0
     assert b.post("/sessions/s3/events", json={"item": "i1"}).status_code == 200
 
@@ -335,7 +375,23 @@ def test_session_events_join_the_batches_and_each_stays_exact(runs: dict[str, Pa
         assert [r["item"] for r in got.json()["items"]] == [r.item for r in rec.recommend(history, 10)]
     assert bad.status_code == 404 and "'zz'" in bad.json()["error"]
     batcher = app.state.batcher
-    assert batcher.batches < batcher.batched  # events and requests ran together
+    assert batcher.batched == 6 * 6 + len(HISTORIES) + 1  # every event went through the batches ...
+    assert batcher.batches < batcher.batched  # ... and some ran together
+
+
+def test_requests_after_the_model_thread_is_gone_fail_instead_of_waiting(runs: dict[str, Path]) -> None:
+    import asyncio
+
+    from seqrec.serve.batcher import Batcher
+
+    batcher = Batcher(Recommender.from_run(runs["sasrec"]))
+    batcher.close()
+
+    async def ask() -> None:
+        await asyncio.wait_for(batcher.recommend([1, 2], {}, 5, False), timeout=10)
+
+    with pytest.raises(RuntimeError, match="shutdown"):
+        asyncio.run(ask())
 
 
 def test_idle_sessions_expire(runs: dict[str, Path]) -> None:

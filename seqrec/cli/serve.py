@@ -186,7 +186,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "and followed for the changes other workers (or services on the same file) make")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
     s.add_argument("--max-queue", type=int, default=1024,
-                   help="/recommend requests that may wait for the model; more are answered 503 (Retry-After)")
+                   help="/recommend requests and session events that may wait for the model; more are answered "
+                        "503 (Retry-After)")
     s.set_defaults(fn=cmd_serve)
     c = sub.add_parser("compact-log", help="rewrite a catalogue log (serve --catalogue-log) as the fewest lines "
                                            "that replay to the same catalogue; no service may keep it meanwhile")

@@ -33,7 +33,7 @@ from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLogBroken
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
-from seqrec.serve.session_store import SessionFull, SessionLimit
+from seqrec.serve.session_store import SessionEnded, SessionFull, SessionLimit
 from seqrec.serve.sessions import Sessions
 
 log = logging.getLogger("seqrec.serve")
@@ -193,7 +193,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         return JSONResponse({"error": str(exc)}, status_code=429, headers=retry)
 
     @app.exception_handler(SessionFull)
-    async def full(_: Request, exc: SessionFull) -> JSONResponse:
+    @app.exception_handler(SessionEnded)
+    async def conflict(_: Request, exc: SeqrecError) -> JSONResponse:
         return _error(409, str(exc))
 
     @app.exception_handler(SeqrecError)
@@ -284,7 +285,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.delete("/sessions/{session_id}")
     async def end_session(session_id: Annotated[str, Path(min_length=1, max_length=128)]) -> dict[str, Any]:
-        if not sessions.end(session_id):
+        if not await batcher.run(sessions.end, session_id):  # on the model thread, between two events
             raise HTTPException(404, f"no session {session_id!r}")
         return {"ended": session_id}
 

@@ -36,16 +36,15 @@ T = TypeVar("T")
 
 @dataclass
 class Job:
-    """A checked history (/recommend), or a session event: `step` takes it up to the search and
-    `finish` answers from the top-k."""
+    """A checked history (/recommend), or an event of `sessions`: `step` takes it up to the search."""
 
     history: list[int]
     events: dict[str, np.ndarray]
     k: int
     exclude_seen: bool
     future: asyncio.Future[Any]
+    sessions: Sessions | None = None
     step: Callable[[], Step] | None = None
-    finish: Callable[[Step, list[Recommendation]], Any] | None = None
 
 
 MAX_QUEUE = 1024  # /recommend requests that may wait for the model by default
@@ -80,7 +79,7 @@ class Batcher:
         """`Sessions.add_event`, its search run in a batch with the requests around it."""
         future: asyncio.Future[SessionView] = asyncio.get_running_loop().create_future()
         step = functools.partial(sessions.step, sid, item, k, exclude_seen, time_s, values)
-        return await self._submit(Job([], {}, k, exclude_seen, future, step, sessions.finish))
+        return await self._submit(Job([], {}, k, exclude_seen, future, sessions, step))
 
     async def _submit(self, job: Job) -> Any:
         if len(self._pending) >= self.max_queue:
@@ -109,6 +108,8 @@ class Batcher:
                             job.future.set_exception(RuntimeError("the service is shutting down"))
                     self._pending = []
                     raise
+                except Exception as exc:  # the model thread is gone (shut down): every request is told
+                    results = [exc] * len(jobs)
                 for job, result in zip(jobs, results, strict=True):
                     if job.future.done():
                         continue
@@ -132,18 +133,20 @@ class Batcher:
                 except Exception as exc:
                     out[i] = exc
         for (i, step), recs in zip(rows, self._search([s for _, s in rows]), strict=True):
-            finish = jobs[i].finish
+            sessions = jobs[i].sessions
             try:
                 if isinstance(recs, Exception):
                     raise recs
-                if finish is not None:
-                    out[i] = finish(step, recs)
+                if sessions is not None:
+                    out[i] = sessions.finish(step, recs)
                 elif not recs:
                     raise SeqrecError(NOTHING_LEFT)
                 else:
                     out[i] = recs
             except Exception as exc:
                 out[i] = exc
+                if sessions is not None:  # an event whose answer failed is taken back
+                    sessions.retract(step)
         return out
 
     def _history_steps(self, jobs: list[Job], which: list[int], out: list[Any]) -> list[tuple[int, Step]]:

@@ -49,6 +49,10 @@ class SessionFull(SeqrecError):
     """A session has reached its length bound (409: it takes no more events; start a new one)."""
 
 
+class SessionEnded(SeqrecError):
+    """A session ended (through another request or process) while one of its events was answered (409)."""
+
+
 @dataclass(frozen=True)
 class Event:
     item: str  # the raw item id
@@ -80,10 +84,11 @@ class SessionStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # a failed COMMIT may have rolled back already
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _expire(self, db: sqlite3.Connection, now: float) -> None:
         idle = now - self.ttl_s
@@ -114,6 +119,15 @@ class SessionStore:
             db.execute("UPDATE sessions SET n = ?, touched = ? WHERE sid = ?", (n + 1, now, sid))
         return token, n
 
+    def retract(self, token: str, pos: int) -> bool:
+        """Take back event `pos` of the session started as `token` (its answer failed), if it is still the
+        session's last event; False if the session has ended or taken another event since."""
+        with self._write() as db:
+            if db.execute("UPDATE sessions SET n = ? WHERE token = ? AND n = ?", (pos, token, pos + 1)).rowcount:
+                db.execute("DELETE FROM events WHERE token = ? AND pos = ?", (token, pos))
+                return True
+        return False
+
     def touch(self, sid: str) -> tuple[str, int]:
         """A live session's (token, number of events), its idle time reset; KeyError if none."""
         now = time.time()
@@ -143,10 +157,10 @@ class SessionStore:
         return row is not None
 
     def __len__(self) -> int:
-        """Live sessions (idle ones are dropped first)."""
-        with self._write() as db:
-            self._expire(db, time.time())
-            return int(db.execute("SELECT count(*) FROM sessions").fetchone()[0])
+        """Live sessions (a read: idle ones are not counted, and are dropped by the next write)."""
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM sessions WHERE touched > ?",
+                                        (time.time() - self.ttl_s,)).fetchone()[0])
 
 
 def event(item: str, time_s: float | None, values: Mapping[str, float] | None) -> Event:

@@ -33,7 +33,7 @@ import torch
 
 from seqrec.errors import SeqrecError
 from seqrec.serve.recommender import NOTHING_LEFT, Recommendation, Recommender
-from seqrec.serve.session_store import Event, SessionStore, event
+from seqrec.serve.session_store import Event, SessionEnded, SessionStore, event
 
 
 @dataclass
@@ -60,6 +60,8 @@ class Step:
     k: int
     exclude_seen: bool
     cached: bool  # one position of compute
+    token: str = ""  # the session start and the event's position in it (an event's step; not a view's)
+    pos: int = -1
 
     @property
     def excluded(self) -> list[int] | None:
@@ -114,7 +116,7 @@ class Sessions:
     def view(self, sid: str, k: int = 10, exclude_seen: bool = False) -> SessionView:
         """The session's events and its current top-k (re-encoded; no event is added)."""
         token, n = self.store.touch(sid)
-        events = self.store.events(token, 0, n)
+        events = self._events(sid, token, 0, n)
         items = self.rec.to_indices([e.item for e in events])
         states, batch = self.rec.encode([items], self._features(events))
         step = Step(sid, items, states[0], batch.items[0], k, exclude_seen, False)
@@ -134,34 +136,45 @@ class Sessions:
         """Append one event (a raw item id; its time in seconds and event feature values, if any) to the
         session (created if new) -> the top-k after it."""
         step = self.step(sid, item, k, exclude_seen, time_s, values)
-        return self.finish(step, self.rec.top_k(step.state[None], step.window[None], k, [step.excluded])[0])
+        try:
+            return self.finish(step, self.rec.top_k(step.state[None], step.window[None], k, [step.excluded])[0])
+        except BaseException:
+            self.retract(step)
+            raise
 
     @torch.no_grad()
     def step(self, sid: str, item: str, k: int = 10, exclude_seen: bool = False, time_s: float | None = None,
              values: Mapping[str, float] | None = None) -> Step:
         """`add_event` up to the search: the event appended and the state after it (the service's batcher
-        searches for several events, and histories, at once)."""
+        searches for several events, and histories, at once). If the state fails, the event is taken back."""
         (idx,) = self.rec.to_indices([item])
         self.rec.check_k(k)
         if values:
             self.rec.check_event_names(list(values))
         token, pos = self.store.append(sid, event(item, time_s, values))  # the event counts from here
+        try:
+            return self._state(sid, token, pos, idx, k, exclude_seen)
+        except BaseException:
+            self.retract(Step(sid, [], torch.empty(0), torch.empty(0), k, exclude_seen, False, token, pos))
+            raise
+
+    def _state(self, sid: str, token: str, pos: int, idx: int, k: int, exclude_seen: bool) -> Step:
         cached = self._cached_for(sid, token)
         with cached.lock:
             known = cached.items[:pos]  # events before this one that other requests or processes took
             if len(known) < pos:
-                known += self.rec.to_indices([e.item for e in self.store.events(token, len(known), pos)])
+                known += self.rec.to_indices([e.item for e in self._events(sid, token, len(known), pos)])
             items = [*known, idx]
             model, cat = self.rec.model, self.rec.catalogue
             ahead = len(cached.items) > pos  # a later event of this session was answered first: leave its cache
             if not (self.kv_cache and model.can_extend() and len(items) <= self.rec.max_len):
                 # beyond max_len the window slides: every position moves
-                features = self._features(self.store.events(token, 0, pos + 1)) if model.event_feature_names() \
+                features = self._features(self._events(sid, token, 0, pos + 1)) if model.event_feature_names() \
                     else None
                 states, batch = self.rec.encode([items], features)
                 if not ahead:
                     cached.items, cached.cache = items, None
-                return Step(sid, items, states[0], batch.items[0], k, exclude_seen, False)
+                return Step(sid, items, states[0], batch.items[0], k, exclude_seen, False, token, pos)
             # an item's text replaced since the cache was made changes its keys and values: rebuild. The
             # generation is read before the model runs, so a replacement during it forces the next rebuild.
             generation = cat.generation
@@ -172,7 +185,23 @@ class Sessions:
             if not ahead:
                 cached.items, cached.cache, cached.generation = items, cache, generation
             window = torch.tensor(items, device=cat.vectors.device)
-            return Step(sid, items, states[0], window, k, exclude_seen, len(new) == 1)
+            return Step(sid, items, states[0], window, k, exclude_seen, len(new) == 1, token, pos)
+
+    def _events(self, sid: str, token: str, start: int, stop: int) -> list[Event]:
+        """Events start..stop-1 of a session start, all of them or `SessionEnded`."""
+        events = self.store.events(token, start, stop)
+        if len(events) != stop - start:
+            raise SessionEnded(f"session {sid!r} ended while this event was answered; start it again")
+        return events
+
+    def retract(self, step: Step) -> None:
+        """Take back a step's event (its answer failed): from the store while it is still the session's last,
+        and from this process's cache of the session, which holds it."""
+        with self._lock:
+            cached = self._cached.get(step.sid)
+            if cached is not None and cached.token == step.token:
+                del self._cached[step.sid]
+        self.store.retract(step.token, step.pos)
 
     def finish(self, step: Step, recs: list[Recommendation]) -> SessionView:
         """The answer to an event (or a view) from its step and the search's top-k."""
