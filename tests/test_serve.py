@@ -230,7 +230,7 @@ def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize(("method", "url", "body", "status", "message"), [
-    ("post", "/recommend", "{not json", 422, "JSON"),
+    ("post", "/recommend", "{not json", 422, "malformed JSON at character 1"),
     ("post", "/recommend", {"history": ["nope"]}, 404, "'nope'"),
     ("post", "/recommend", {"history": []}, 422, "history"),
     ("post", "/recommend", {"history": ["i1"] * 10_001}, 422, "history"),
@@ -393,6 +393,18 @@ def test_requests_after_the_model_thread_is_gone_fail_instead_of_waiting(runs: d
 
     with pytest.raises(RuntimeError, match="shutdown"):
         asyncio.run(ask())
+
+
+def test_a_port_in_use_is_a_one_line_error(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(runs["sasrec"]), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("seqrec: error: cannot listen on 127.0.0.1:") and "\n" not in err
 
 
 def test_idle_sessions_expire(runs: dict[str, Path]) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import logging
 import math
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -45,6 +47,7 @@ def build_app(options: dict) -> object:
 def app_from_env() -> object:
     """uvicorn's factory in each worker process of `seqrec serve --workers N`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # it logs its loader choice at INFO on import
     return build_app(json.loads(os.environ[ENV]))
 
 
@@ -106,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None,
                "session_store": str(Path(args.session_store).resolve()) if args.session_store else None}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
+    _check_port(args.host, args.port)
     print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
     if args.workers == 1:
         app = build_app(options)
@@ -113,8 +117,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
     # named) and the catalogue's changes through a catalogue log
-    with tempfile.TemporaryDirectory(prefix="seqrec-sessions-") as scratch:
-        options["session_store"] = options["session_store"] or str(Path(scratch) / "sessions.sqlite")
+    named = options["session_store"]
+    with contextlib.nullcontext(None) if named else tempfile.TemporaryDirectory(prefix="seqrec-sessions-") as scratch:
+        options["session_store"] = named or str(Path(str(scratch)) / "sessions.sqlite")
         os.environ[ENV] = json.dumps(options)
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning")
@@ -129,6 +134,17 @@ def cmd_compact_log(args: argparse.Namespace) -> int:
           f"({n['bytes_after'] / 1e6:.2f} MB): {n['items']:,} items with a text, {n['removed']:,} removed"
           + (", a cut-short last line dropped" if n["dropped"] else ""))
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port another process listens on is a one-line error before the run is loaded, not uvicorn's later."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SeqrecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _loopback(host: str) -> bool:

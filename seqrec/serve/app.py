@@ -152,6 +152,10 @@ def _error(status: int, message: str) -> JSONResponse:
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
+        if err.get("type") == "json_invalid":  # loc is ("body", character position)
+            at, why = err.get("loc", ("", "?"))[-1], err.get("ctx", {}).get("error", "")
+            parts.append(f"body: malformed JSON at character {at}" + (f" ({why})" if why else ""))
+            continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)

@@ -147,7 +147,7 @@ class Sessions:
              values: Mapping[str, float] | None = None) -> Step:
         """`add_event` up to the search: the event appended and the state after it (the service's batcher
         searches for several events, and histories, at once). If the state fails, the event is taken back."""
-        (idx,) = self.rec.to_indices([item])
+        (idx,) = self.rec.catalogue.lookup([item], " as the event's item")
         self.rec.check_k(k)
         if values:
             self.rec.check_event_names(list(values))
