@@ -192,7 +192,8 @@ class TextEncoder:
     def _encode_distinct(self, texts: list[str], batch_size: int, progress: bool) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths share a batch
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        bar = tqdm(range(0, len(texts), batch_size), desc="encoding text", disable=not progress, leave=False)
+        bar = tqdm(range(0, len(texts), batch_size), desc="encoding text", disable=None if progress else True,
+                   leave=False)
         for lo in bar:
             rows = order[lo : lo + batch_size]
             tok = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,

@@ -97,7 +97,8 @@ def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.
     # the end, targets are counted on the host (on CUDA a per-step `.item()` would stall the queue)
     total, n, seen, t0 = torch.zeros((), device=device), 0, 0, time.perf_counter()
     shown = t0  # the progress bar's numbers are refreshed once a second: reading the loss waits for the device
-    bar = tqdm(batches, desc=f"epoch {epoch}", disable=not cfg.train.progress, leave=False)
+    # disable=None: bars on a terminal only (a log file gets the epoch lines, not the redrawn bars)
+    bar = tqdm(batches, desc=f"epoch {epoch}", disable=None if cfg.train.progress else True, leave=False)
     for batch in bar:
         if batch.targets is not None:
             seen += int((batch.targets != 0).sum())

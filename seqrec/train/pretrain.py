@@ -262,7 +262,7 @@ def train_epochs(trainer: Pretrainer, opt: torch.optim.Optimizer, batches: Train
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         sums, n, seqs, targets, t0 = np.zeros(2), 0, 0, 0, time.perf_counter()
-        for batch in tqdm(batches, desc=f"pretrain {epoch}", disable=not cfg.progress, leave=False):
+        for batch in tqdm(batches, desc=f"pretrain {epoch}", disable=None if cfg.progress else True, leave=False):
             si, ss = trainer.losses(batch)
             loss = si + cfg.lam * ss
             opt.zero_grad(set_to_none=True)
