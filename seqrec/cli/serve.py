@@ -117,9 +117,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
     # named) and the catalogue's changes through a catalogue log
-    named = options["session_store"]
-    with contextlib.nullcontext(None) if named else tempfile.TemporaryDirectory(prefix="seqrec-sessions-") as scratch:
-        options["session_store"] = named or str(Path(str(scratch)) / "sessions.sqlite")
+    with contextlib.ExitStack() as cleanup:
+        if not options["session_store"]:
+            scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="seqrec-sessions-"))
+            options["session_store"] = str(Path(scratch) / "sessions.sqlite")
         os.environ[ENV] = json.dumps(options)
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning")

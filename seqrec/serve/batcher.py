@@ -146,7 +146,7 @@ class Batcher:
             except Exception as exc:
                 out[i] = exc
                 if sessions is not None:  # an event whose answer failed is taken back
-                    sessions.retract(step)
+                    sessions.retract(step.sid, step.token, step.pos)
         return out
 
     def _history_steps(self, jobs: list[Job], which: list[int], out: list[Any]) -> list[tuple[int, Step]]:

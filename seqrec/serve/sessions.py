@@ -119,8 +119,7 @@ class Sessions:
         events = self._events(sid, token, 0, n)
         items = self.rec.to_indices([e.item for e in events])
         states, batch = self.rec.encode([items], self._features(events))
-        step = Step(sid, items, states[0], batch.items[0], k, exclude_seen, False)
-        return self.finish(step, self.rec.top_k(states, batch.items, k, [step.excluded])[0])
+        return self._answer(Step(sid, items, states[0], batch.items[0], k, exclude_seen, False))
 
     def _features(self, events: list[Event]) -> list[dict[str, Any]] | None:
         """The event features of a session's history, as `Recommender.recommend` builds them (a NaN time
@@ -137,9 +136,9 @@ class Sessions:
         session (created if new) -> the top-k after it."""
         step = self.step(sid, item, k, exclude_seen, time_s, values)
         try:
-            return self.finish(step, self.rec.top_k(step.state[None], step.window[None], k, [step.excluded])[0])
+            return self._answer(step)
         except BaseException:
-            self.retract(step)
+            self.retract(sid, step.token, step.pos)
             raise
 
     @torch.no_grad()
@@ -155,7 +154,7 @@ class Sessions:
         try:
             return self._state(sid, token, pos, idx, k, exclude_seen)
         except BaseException:
-            self.retract(Step(sid, [], torch.empty(0), torch.empty(0), k, exclude_seen, False, token, pos))
+            self.retract(sid, token, pos)
             raise
 
     def _state(self, sid: str, token: str, pos: int, idx: int, k: int, exclude_seen: bool) -> Step:
@@ -194,14 +193,18 @@ class Sessions:
             raise SessionEnded(f"session {sid!r} ended while this event was answered; start it again")
         return events
 
-    def retract(self, step: Step) -> None:
-        """Take back a step's event (its answer failed): from the store while it is still the session's last,
-        and from this process's cache of the session, which holds it."""
+    def retract(self, sid: str, token: str, pos: int) -> None:
+        """Take back event `pos` of the session start `token` (its answer failed): from the store while it is
+        still the session's last, and from this process's cache of the session, which holds it."""
         with self._lock:
-            cached = self._cached.get(step.sid)
-            if cached is not None and cached.token == step.token:
-                del self._cached[step.sid]
-        self.store.retract(step.token, step.pos)
+            cached = self._cached.get(sid)
+            if cached is not None and cached.token == token:
+                del self._cached[sid]
+        self.store.retract(token, pos)
+
+    def _answer(self, step: Step) -> SessionView:
+        """One step's search, then its answer (the service's batcher searches for many steps at once)."""
+        return self.finish(step, self.rec.top_k(step.state[None], step.window[None], step.k, [step.excluded])[0])
 
     def finish(self, step: Step, recs: list[Recommendation]) -> SessionView:
         """The answer to an event (or a view) from its step and the search's top-k."""
