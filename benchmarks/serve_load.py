@@ -331,7 +331,24 @@ async def _session_events(port: int, plans: list[list[str]], concurrency: int) -
     ms = np.array(latencies) * 1e3
     return {"sessions": len(plans), "events": len(latencies), "concurrency": concurrency, "failures": failures,
             "cached_events": cached, "differ_from_recommend": differ, "events_per_s": len(latencies) / wall,
-            "event_ms_p50": float(np.median(ms)), "event_ms_p99": float(np.percentile(ms, 99))}
+            "event_ms_p50": float(np.median(ms)), "event_ms_p99": float(np.percentile(ms, 99)),
+            "recommend_checks": len(answers), "metrics": await _counted(port)}
+
+
+async def _counted(port: int) -> dict[str, int]:
+    """What the service's /metrics counts of the answered events and /recommend calls, once every worker
+    has written its counts (each does once a second): with several workers, those of all of them."""
+    await asyncio.sleep(2.0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request_bytes("GET", "/metrics", None, "127.0.0.1"))
+        text = (await read_response(reader))[1].decode()
+    finally:
+        writer.close()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    requests = 'seqrec_requests_total{{method="POST",route="{}",status="200"}}'
+    return {"events": int(samples.get(requests.format("/sessions/{id}/events"), 0)),
+            "recommend": int(samples.get(requests.format("/recommend"), 0)), "workers": int(samples["seqrec_workers"])}
 
 
 def bench_shared_sessions(run: Path, n_items: int, n_sessions: int, length: int) -> dict[str, Any]:

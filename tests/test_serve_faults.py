@@ -13,7 +13,6 @@ import pytest
 
 from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
-from seqrec.serve.metrics import Metrics
 from tests.serve_helpers import hold_rebuilds, train_tiny_runs
 
 fastapi = pytest.importorskip("fastapi")
@@ -38,14 +37,34 @@ def test_metrics_route_labels_stay_bounded_for_unknown_session_subpaths(runs: di
     assert len(app.state.metrics.latencies) <= 5
 
 
-def test_latency_summary_count_is_the_total_not_the_window() -> None:
-    """A summary's _count counts every request, not the quantile window (it stopped at 10,000, so
-    rate(..._count) read 0 on a busy service); a _sum goes with it."""
-    metrics = Metrics(window=3)
-    for _ in range(5):
-        metrics.observe("POST", "/recommend", 200, 0.01)
-    text = metrics.render({})
-    assert 'seqrec_request_latency_seconds_count{route="/recommend"} 5' in text, text
+def test_metrics_are_the_services_over_its_workers(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Two services over one metrics folder, as `serve --workers 2` runs them: /metrics through either
+    counts the requests both answered (it was each worker's own, so a scrape showed whichever worker took
+    the connection); the gauge of the shared sessions is not counted twice."""
+    folder, store = str(tmp_path / "metrics"), str(tmp_path / "sessions.sqlite")
+    one, two = (create_app(Recommender.from_run(runs["sasrec"], engine="torch"), session_store=store,
+                           metrics_folder=folder) for _ in range(2))
+    two.state.metrics.interval_s = 0.05
+    with TestClient(one) as first, TestClient(two) as second:
+        for client, n in ((first, 3), (second, 2)):
+            for _ in range(n):
+                assert client.post("/recommend", json={"history": ["i1"]}).status_code == 200
+        assert second.post("/recommend", json={"history": ["zz"]}).status_code == 404
+        assert second.post("/sessions/s/events", json={"item": "i2"}).status_code == 200
+        want = 'seqrec_requests_total{method="POST",route="/recommend",status="200"} 5'
+        deadline = time.monotonic() + 5  # the second writes what it counted every 0.05 s
+        while want not in (text := first.get("/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert want in text, text
+        assert 'seqrec_requests_total{method="POST",route="/recommend",status="404"} 1' in text
+        assert 'seqrec_request_latency_seconds_count{route="/recommend"} 6' in text
+        assert 'seqrec_request_duration_seconds_bucket{route="/recommend",le="+Inf"} 6' in text
+        assert "seqrec_recommend_batched_requests_total 6" in text  # each worker's batcher, summed
+        assert "seqrec_sessions 1" in text and "seqrec_workers 2" in text
+    # the second stopped: its requests still count (a counter never falls), with its last write
+    assert (tmp_path / "metrics").is_dir() and len(list((tmp_path / "metrics").glob("worker-*.json"))) == 2
+    after = TestClient(one).get("/metrics").text
+    assert 'seqrec_request_latency_seconds_count{route="/recommend"} 6' in after
 
 
 def test_sessions_gauge_does_not_count_expired_sessions(runs: dict[str, Path]) -> None:

@@ -43,6 +43,8 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     for workers in ("1", "2"):  # sessions spread over the workers answer as /recommend on the same history
         shared = result["shared_sessions"][workers]
         assert shared["events"] == 160 and shared["failures"] == 0 and shared["differ_from_recommend"] == 0
+        # /metrics, through whichever worker answers it, counts what every worker answered
+        assert shared["metrics"] == {"events": 160, "recommend": shared["recommend_checks"], "workers": int(workers)}
     assert result["shared_sessions"]["1"]["cached_events"] == 160  # one process: every event one step
     assert set(result["sessions"]) == {"10", "50"}
     # parts run again keep the others

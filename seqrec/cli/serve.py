@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import json
 import logging
@@ -39,7 +38,7 @@ def build_app(options: dict) -> object:
                                                replayed, ", a cut-short last line dropped" if dropped else "")
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
-                      session_store=options.get("session_store"),
+                      session_store=options.get("session_store"), metrics_folder=options.get("metrics_folder"),
                       catalogue_writable=one or bool(options.get("catalogue_log")),
                       max_queue=options.get("max_queue", MAX_QUEUE))
 
@@ -116,11 +115,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
         return 0
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
-    # named) and the catalogue's changes through a catalogue log
-    with contextlib.ExitStack() as cleanup:
-        if not options["session_store"]:
-            scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="seqrec-sessions-"))
-            options["session_store"] = str(Path(scratch) / "sessions.sqlite")
+    # named), the catalogue's changes through a catalogue log, and their request counts through a folder
+    with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as scratch:
+        options["session_store"] = options["session_store"] or str(Path(scratch) / "sessions.sqlite")
+        options["metrics_folder"] = str(Path(scratch) / "metrics")
         os.environ[ENV] = json.dumps(options)
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning")

@@ -163,17 +163,29 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
                session_ttl_s: float = 1800.0, limits: Limits | None = None, session_store: str | None = None,
-               catalogue_writable: bool = True, max_queue: int = MAX_QUEUE) -> FastAPI:
+               catalogue_writable: bool = True, max_queue: int = MAX_QUEUE,
+               metrics_folder: str | None = None) -> FastAPI:
     """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
     answered 503 with Retry-After. `session_store`: the sessions' database file, which the worker
     processes serving one port share (None: in this process's memory). `catalogue_writable` is off when
-    they share no catalogue log (each would hold its own catalogue)."""
+    they share no catalogue log (each would hold its own catalogue). `metrics_folder`: where those
+    workers pool their request counts, so that /metrics is the service's (None: this process's)."""
     app = FastAPI(title="seqrec", version=_version(),
                   description="Sequential recommendation: top-k next items for a history of raw item ids.")
-    metrics = Metrics()
     sessions = Sessions(rec, max_sessions, session_events, session_ttl_s, store=session_store)
     batcher = Batcher(rec, max_queue=max_queue)  # all model work on its one thread; /recommend requests batched
+
+    def own() -> dict[str, float]:  # the service's values in /metrics (a name ending in _total: a counter)
+        return {"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions),
+                "seqrec_index_rebuilding": int(rec.catalogue.retriever.rebuilding),
+                "seqrec_recommend_batches_total": batcher.batches,
+                "seqrec_recommend_batched_requests_total": batcher.batched,
+                "seqrec_recommend_refused_total": batcher.refused}
+
+    metrics = Metrics(own=own, share=metrics_folder)
     app.state.recommender, app.state.sessions, app.state.metrics, app.state.batcher = rec, sessions, metrics, batcher
+    app.router.on_startup.append(metrics.start)
+    app.router.on_shutdown.append(metrics.close)
     app.router.on_shutdown.append(batcher.close)
     app.router.on_shutdown.append(rec.close_log)
     app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits())
@@ -305,11 +317,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
-        return metrics.render({"seqrec_catalogue_items": rec.catalogue.n_active, "seqrec_sessions": len(sessions),
-                               "seqrec_index_rebuilding": int(rec.catalogue.retriever.rebuilding),
-                               "seqrec_recommend_batches_total": batcher.batches,
-                               "seqrec_recommend_batched_requests_total": batcher.batched,
-                               "seqrec_recommend_refused_total": batcher.refused})
+        return metrics.render()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:

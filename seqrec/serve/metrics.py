@@ -1,15 +1,29 @@
-"""Request accounting for the service: one log line per request, counts and latency percentiles in
-Prometheus text format, and a cap on request body size. A plain ASGI middleware (no per-request
-task or body copy), so it costs microseconds."""
+"""Request accounting for the service: one log line per request, counts and latencies in Prometheus
+text format, and a cap on request body size. A plain ASGI middleware (no per-request task or body
+copy), so it costs microseconds.
+
+With several worker processes (`seqrec serve --workers N`) each counts the requests it answers and
+writes what it has counted to a folder they share (`share`), once a second and when it stops; a
+scrape of /metrics, whichever worker answers it, adds its own live counts to the others' last
+writes, so the numbers are the service's: counters and histogram buckets summed over the workers
+(a worker that has exited still counts, so totals never fall), latency quantiles over the recent
+requests of every worker, gauges the largest over the workers still running.
+"""
 
 from __future__ import annotations
 
+import base64
+import bisect
 import json
 import logging
+import os
+import secrets
 import threading
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +33,9 @@ log = logging.getLogger("seqrec.serve")
 
 ROUTES = ("/recommend", "/recommend/batch", "/items", "/health", "/metrics", "/", "/docs", "/openapi.json")
 QUANTILES = (0.5, 0.9, 0.99)
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds; + Inf
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
+HEARTBEAT_S = 10.0  # a worker with nothing new still rewrites its file this often (its gauges move)
 
 
 @dataclass(frozen=True)
@@ -41,45 +57,198 @@ def route_of(path: str) -> str:
     return "other"  # anything a client makes up shares one label
 
 
+@dataclass
+class Counted:
+    """What one process has counted: requests by (method, route, status); per route the latency sum,
+    the histogram's (non-cumulative) bucket counts and the recent latencies; the service's own values
+    (a name ending in _total is a counter, any other a gauge). `running`: the process is alive."""
+
+    counts: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, list[int]] = field(default_factory=dict)
+    recent: dict[str, np.ndarray] = field(default_factory=dict)
+    own: dict[str, float] = field(default_factory=dict)
+    running: bool = True
+
+    def to_json(self, pid: int) -> str:
+        return json.dumps({"pid": pid, "counts": [[*key, n] for key, n in self.counts.items()],
+                           "seconds": self.seconds, "buckets": self.buckets, "own": self.own,
+                           "recent": {r: base64.b64encode(v.astype("<f4").tobytes()).decode()
+                                      for r, v in self.recent.items()}})
+
+    @classmethod
+    def from_json(cls, text: str) -> Counted:
+        raw = json.loads(text)
+        return cls(counts={(m, r, int(s)): int(n) for m, r, s, n in raw["counts"]},
+                   seconds={r: float(v) for r, v in raw["seconds"].items()},
+                   buckets={r: [int(n) for n in v] for r, v in raw["buckets"].items()},
+                   recent={r: np.frombuffer(base64.b64decode(v), dtype="<f4").astype(np.float64)
+                           for r, v in raw["recent"].items()},
+                   own={k: float(v) for k, v in raw["own"].items()}, running=_running(int(raw["pid"])))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
 class Metrics:
-    def __init__(self, window: int = 10_000) -> None:
+    """Counts requests; `render` gives the Prometheus text. `own`: the service's own values at the time
+    of asking. `share`: the folder the worker processes of one service share (None: one process)."""
+
+    def __init__(self, window: int = 10_000, own: Callable[[], dict[str, float]] | None = None,
+                 share: str | Path | None = None, interval_s: float = 1.0) -> None:
         self.counts: defaultdict[tuple[str, str, int], int] = defaultdict(int)
         self.latencies: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
         self.seconds: defaultdict[str, float] = defaultdict(float)  # route -> the latency of all its requests
-        self.window = window
+        self.buckets: defaultdict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
+        self.window, self.own = window, own or dict
         self._lock = threading.Lock()
+        self.share = None if share is None else Path(share)
+        self.interval_s = interval_s
+        self._file = None if self.share is None else self.share / f"worker-{os.getpid()}-{secrets.token_hex(4)}.json"
+        self._observed = self._written = 0
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = None
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         with self._lock:
             self.counts[(method, route, status)] += 1
             self.latencies[route].append(seconds)
             self.seconds[route] += seconds
+            self.buckets[route][bisect.bisect_left(BUCKETS, seconds)] += 1
+            self._observed += 1
 
-    def render(self, own: dict[str, float]) -> str:
-        """Prometheus text exposition: request counts, latency quantiles (recent requests), and the
-        service's own values (a name ending in _total is a counter, any other a gauge)."""
-        lines = ["# HELP seqrec_requests_total Requests served, by method, route and status.",
-                 "# TYPE seqrec_requests_total counter"]
+    def counted(self) -> Counted:
+        """This process's counts now."""
         with self._lock:
-            counts = dict(self.counts)
-            lat = {route: np.array(v) for route, v in self.latencies.items()}
-            seconds = dict(self.seconds)
-        for (method, route, status), n in sorted(counts.items()):
-            lines.append(f'seqrec_requests_total{{method="{method}",route="{route}",status="{status}"}} {n}')
-        lines += [f"# HELP seqrec_request_latency_seconds Latency per route: quantiles of the last {self.window:,} "
-                  "requests, count and sum of all",
-                  "# TYPE seqrec_request_latency_seconds summary"]
-        for route, values in sorted(lat.items()):
-            for q in QUANTILES:
-                lines.append(f'seqrec_request_latency_seconds{{route="{route}",quantile="{q}"}} '
-                             f"{float(np.quantile(values, q)):.6f}")
-            count = sum(n for (_, r, _), n in counts.items() if r == route)
-            lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {count}')
-            lines.append(f'seqrec_request_latency_seconds_sum{{route="{route}"}} {seconds[route]:.6f}')
-        for name, value in own.items():
-            kind = "counter" if name.endswith("_total") else "gauge"  # Prometheus: counters end in _total
-            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
-        return "\n".join(lines) + "\n"
+            mine = Counted(counts=dict(self.counts), seconds=dict(self.seconds),
+                           buckets={r: list(b) for r, b in self.buckets.items()},
+                           recent={r: np.array(v) for r, v in self.latencies.items()})
+        mine.own = dict(self.own())
+        return mine
+
+    # -- sharing between the worker processes of one service
+    def start(self) -> None:
+        """Write this process's counts to the shared folder every `interval_s` (nothing without one)."""
+        if self._file is None or self._writer is not None:
+            return
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        self.write()
+        self._writer = threading.Thread(target=self._write_loop, name="seqrec-metrics", daemon=True)
+        self._writer.start()
+
+    def close(self) -> None:
+        """Stop writing, after one last write: a stopped worker's requests still count."""
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+            self._try_write()
+
+    def write(self) -> None:
+        if self._file is None:
+            return
+        observed = self._observed
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(self.counted().to_json(os.getpid()))
+        os.replace(tmp, self._file)  # a reader sees the last whole file, never half of one
+        self._written = observed
+
+    def _try_write(self) -> bool:
+        try:
+            self.write()
+        except OSError as exc:  # the folder went away (the service is stopping): said, not raised
+            log.warning("metrics: could not write %s: %s", self._file, exc)
+            return False
+        return True
+
+    def _write_loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            if self._observed != self._written or time.monotonic() - last >= HEARTBEAT_S:
+                if not self._try_write():
+                    return
+                last = time.monotonic()
+
+    def _others(self) -> list[Counted]:
+        if self.share is None:
+            return []
+        out = []
+        for path in sorted(self.share.glob("worker-*.json")):
+            if path == self._file:
+                continue
+            try:
+                out.append(Counted.from_json(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # removed meanwhile, or not ours
+                log.debug("metrics: skipped %s: %s", path, exc)
+        return out
+
+    def render(self) -> str:
+        """Prometheus text exposition of this process's counts, and with a shared folder those of the
+        other workers as they last wrote them."""
+        return render([self.counted(), *self._others()], self.window)
+
+
+def render(parts: list[Counted], window: int) -> str:
+    """Request counts, latency quantiles (the recent requests), a latency histogram, and the service's
+    own values, over the processes' `parts` (the first is the one answering, always running)."""
+    counts: defaultdict[tuple[str, str, int], int] = defaultdict(int)
+    seconds: defaultdict[str, float] = defaultdict(float)
+    buckets: defaultdict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(BUCKETS) + 1, dtype=np.int64))
+    recent: defaultdict[str, list[np.ndarray]] = defaultdict(list)
+    for part in parts:
+        for key, n in part.counts.items():
+            counts[key] += n
+        for route, s in part.seconds.items():
+            seconds[route] += s
+        for route, b in part.buckets.items():
+            buckets[route] += np.asarray(b, dtype=np.int64)
+        for route, v in part.recent.items():
+            recent[route].append(v)
+    by_route: defaultdict[str, int] = defaultdict(int)
+    for (_, route, _), n in counts.items():
+        by_route[route] += n
+    lines = ["# HELP seqrec_requests_total Requests served, by method, route and status.",
+             "# TYPE seqrec_requests_total counter"]
+    for (method, route, status), n in sorted(counts.items()):
+        lines.append(f'seqrec_requests_total{{method="{method}",route="{route}",status="{status}"}} {n}')
+    lines += [f"# HELP seqrec_request_latency_seconds Latency per route: quantiles of the last {window:,} "
+              "requests of each worker, count and sum of all",
+              "# TYPE seqrec_request_latency_seconds summary"]
+    for route in sorted(recent):
+        values = np.concatenate(recent[route])
+        for q in QUANTILES:
+            lines.append(f'seqrec_request_latency_seconds{{route="{route}",quantile="{q}"}} '
+                         f"{float(np.quantile(values, q)):.6f}")
+        lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {by_route[route]}')
+        lines.append(f'seqrec_request_latency_seconds_sum{{route="{route}"}} {seconds[route]:.6f}')
+    lines += ["# HELP seqrec_request_duration_seconds Latency per route, a histogram of all requests.",
+              "# TYPE seqrec_request_duration_seconds histogram"]
+    for route in sorted(buckets):
+        cumulative = np.cumsum(buckets[route])
+        for le, n in zip([*map(str, BUCKETS), "+Inf"], cumulative, strict=True):
+            lines.append(f'seqrec_request_duration_seconds_bucket{{route="{route}",le="{le}"}} {n}')
+        lines.append(f'seqrec_request_duration_seconds_count{{route="{route}"}} {cumulative[-1]}')
+        lines.append(f'seqrec_request_duration_seconds_sum{{route="{route}"}} {seconds[route]:.6f}')
+    running = [p for p in parts if p.running]
+    for name in parts[0].own:
+        if name.endswith("_total"):  # Prometheus: counters end in _total; summed over every worker
+            lines += [f"# TYPE {name} counter", f"{name} {_number(sum(p.own.get(name, 0) for p in parts))}"]
+        else:  # a gauge: the largest over the running workers (they share the sessions, follow one catalogue)
+            lines += [f"# TYPE {name} gauge", f"{name} {_number(max(p.own.get(name, 0) for p in running))}"]
+    lines += ["# HELP seqrec_workers Worker processes of this service that are running.",
+              "# TYPE seqrec_workers gauge", f"seqrec_workers {len(running)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 class RequestMiddleware:
