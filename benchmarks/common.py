@@ -47,8 +47,12 @@ def machine() -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True, check=False).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                 capture_output=True, text=True, check=False).stdout.strip()
     except OSError:
-        commit = ""
+        commit = changed = ""
+    if commit and changed:  # measured with changes not yet committed: the commit alone does not name the code
+        commit += "+changes"
     gpu = {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "commit": commit, **gpu}

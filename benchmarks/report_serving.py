@@ -61,7 +61,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_live_before_after(), *_deletes_before_after(), *_workers(), "",
+              *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():
@@ -205,6 +205,29 @@ def _workers() -> list[str]:
     for label, seconds in times.items():
         lines.append(f"| {label} | {seconds:.1f} | {seconds - times['no log']:+.1f} s |")
     return lines
+
+
+def _compaction() -> list[str]:
+    d = load_result("serve_compaction.json")
+    if d is None:
+        return []
+    r, replay = d["result"], d["result"]["replay"]
+    load = r["load_during_adds"]
+    return ["", f"Compacting the log while the workers keep it: the 2-worker measurement above again, with "
+            f"`seqrec compact-log` run on the log every {r['every_s']:g} s from another process while the items "
+            f"are added (commit {d['machine']['commit']}, on its own day: compare with its own row). A compaction "
+            "holds the file's lock while it folds and replaces it, so changes wait for it; each worker then reads "
+            "the old file to its end and goes on after the folded lines of the new one. Afterwards the log is "
+            "replayed into a fresh model. `python benchmarks/serve_compaction.py`; file: "
+            "`results/serve_compaction.json`.", "",
+            *header(["compactions", "held the file, p50 ms", "max ms", "failed POSTs", "/recommend requests/s",
+                     "p99 ms", "failed", "visible after, median ms", "max ms", "within 1 s",
+                     "replayed: items added found", "items recommendable"]),
+            f"| {r['compactions']} | {r['compaction_ms_p50']:.1f} | {r['compaction_ms_max']:.1f} | "
+            f"{r['add_failures']} | {load['requests_per_s']:.0f} | {load['p99_ms']:.1f} | {load['failed']} | "
+            f"{r['visible_s_p50'] * 1e3:.1f} | {r['visible_s_max'] * 1e3:.1f} | "
+            f"{r['visible_within_1s']:,} of {r['added']:,} | {replay['items_added_found']:,} of {r['added']:,} | "
+            f"{replay['items_active']:,} of {replay['items_expected']:,} |"]
 
 
 def _ab_runs(prefix: str, ab: tuple[tuple[str, str], ...]) -> list[tuple[str, str, dict[str, Any]]]:

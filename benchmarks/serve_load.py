@@ -172,7 +172,7 @@ def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index:
         server.stop()
 
 
-async def _live(port: int, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float,
+async def live_adds(port: int, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float,
                 confirm: int = 1) -> dict[str, Any]:
     """`confirm`: answers in a row (each on a new connection) that must return the new item; with several
     worker processes, each answer comes from whichever worker takes the connection."""
@@ -214,7 +214,7 @@ def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_request
                index: str = "exact", engine: str = "torch") -> dict[str, Any]:
     server = Server(run, WORK / "serve" / f"live-{index}-{engine}.log", index=index, engine=engine)
     try:
-        out = {"index": index, "engine": engine, **asyncio.run(_live(server.port, n_items, titles, n_add,
+        out = {"index": index, "engine": engine, **asyncio.run(live_adds(server.port, n_items, titles, n_add,
                                                                      n_requests, cap))}
         print(f"live catalogue ({index}, {engine}): {out}", flush=True)
         return out
@@ -235,7 +235,7 @@ def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeat
                         catalogue_log=journal)
         try:
             out[str(workers)] = {"workers": workers, "index": "ivf", "engine": "onnx", **asyncio.run(
-                _live(server.port, n_items, titles, n_add, 1_000_000, 600.0, confirm=1 if workers == 1 else 5))}
+                live_adds(server.port, n_items, titles, n_add, 1_000_000, 600.0, confirm=1 if workers == 1 else 5))}
             print(f"live catalogue, {workers} worker(s): {out[str(workers)]}", flush=True)
         finally:
             server.stop()

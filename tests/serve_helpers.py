@@ -7,9 +7,11 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from seqrec.cli import main
 from seqrec.data.prepare import PrepareOptions, prepare
+from seqrec.serve import Recommender
 from tests.conftest import synthetic_log
 from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
 
@@ -54,3 +56,14 @@ def hold_rebuilds(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(FaissRetriever, "_build", held_build)
     return release
+
+
+def same_catalogue(a: Recommender, b: Recommender) -> None:
+    """The same items under the same indices, texts, removals, vectors and answers."""
+    assert a.catalogue.raw_ids == b.catalogue.raw_ids and a.catalogue.titles == b.catalogue.titles
+    assert a.catalogue.removed == b.catalogue.removed
+    torch.testing.assert_close(a.catalogue.vectors, b.catalogue.vectors, atol=1e-5, rtol=0)
+    for history in (["i3", "new1"], ["i5", "i6", "i7"], ["new3"]):
+        got, want = b.recommend(history, 10), a.recommend(history, 10)
+        assert [r.item for r in got] == [r.item for r in want]
+        assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-4)

@@ -17,7 +17,7 @@ from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLogBroken
-from tests.serve_helpers import train_tiny_runs
+from tests.serve_helpers import same_catalogue, train_tiny_runs
 
 fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -26,16 +26,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return train_tiny_runs(tmp_path_factory.mktemp("catalogue-log"))
-
-
-def same_catalogue(a: Recommender, b: Recommender) -> None:
-    assert a.catalogue.raw_ids == b.catalogue.raw_ids and a.catalogue.titles == b.catalogue.titles
-    assert a.catalogue.removed == b.catalogue.removed
-    torch.testing.assert_close(a.catalogue.vectors, b.catalogue.vectors, atol=1e-5, rtol=0)
-    for history in (["i3", "new1"], ["i5", "i6", "i7"], ["new3"]):
-        got, want = b.recommend(history, 10), a.recommend(history, 10)
-        assert [r.item for r in got] == [r.item for r in want]
-        assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-4)
 
 
 def kept_log(runs: dict[str, Path], tmp_path: Path) -> tuple[Path, Recommender, bytes]:
@@ -354,85 +344,3 @@ def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], t
         assert (health["status"], health["catalogue_changes"], health["catalogue_log_error"]) == ("ok", 3, None)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["op"] for line in lines] == ["remove", "remove", "items"]
-
-
-def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tmp_path: Path) -> None:
-    """`seqrec compact-log`: each item's last text in the order items were first added (the same indices),
-    then one removal; an older line without vectors stays without them."""
-    from seqrec.serve.catalogue_compact import compact
-
-    path = tmp_path / "catalogue.jsonl"
-    served = Recommender.from_run(runs["unisrec"])
-    served.keep_log(path)
-    served.add_items({"new1": "a red tool for the garden", "new2": "blue glue for paper"})
-    served.add_items({"new1": "a green saw", "i3": "i3 with a text of its own"})
-    served.remove_items(["new2", "i8", "i3"])
-    served.add_items({"new3": "small tape", "i3": "i3 back again"})  # removed, then given a text: back
-    served.remove_items(["new3"])
-    served.close_log()
-    with path.open("a") as f:  # a line from before lines carried vectors
-        f.write(json.dumps({"op": "items", "items": {"new4": "a ladder"}}) + "\n")
-    replayed = Recommender.from_run(runs["unisrec"])
-    replayed.keep_log(path, write=False)  # the catalogue the log replays to before compaction
-    replayed.close_log()
-    before = path.stat().st_size
-
-    counts = compact(path)
-    assert (counts["lines_before"], counts["lines_after"], counts["items"], counts["removed"]) == (7, 4, 5, 3)
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [line["op"] for line in lines] == ["catalogue", "items", "items", "remove"]
-    assert list(lines[1]["items"]) == ["new1", "new2", "i3", "new3"] and "vectors" in lines[1]
-    assert lines[1]["items"]["i3"] == "i3 back again" and lines[2] == {"op": "items", "items": {"new4": "a ladder"}}
-    assert sorted(lines[3]["ids"]) == ["i8", "new2", "new3"] and path.stat().st_size < before
-    again = Recommender.from_run(runs["unisrec"])
-    assert again.keep_log(path) == (3, 0)
-    assert again.catalogue.raw_ids == replayed.catalogue.raw_ids
-    assert again.catalogue.titles == replayed.catalogue.titles and "new4" in again.catalogue.index
-    assert again.catalogue.removed == replayed.catalogue.removed
-    torch.testing.assert_close(again.catalogue.vectors, replayed.catalogue.vectors, atol=1e-5, rtol=0)
-
-    # no compaction while a service keeps the file; the command says so in one line
-    with pytest.raises(SeqrecError, match="kept by a running service"):
-        compact(path)
-    again.close_log()
-    with path.open("a") as f:
-        f.write('{"op": "remove", "ids": ["i')  # cut short by a crash: left out
-    assert compact(path)["dropped"] == 1 and not path.read_text().endswith("i")
-    from seqrec.cli import main
-
-    assert main(["compact-log", str(path)]) == 0
-    with pytest.raises(SeqrecError, match="no such catalogue log"):
-        compact(tmp_path / "nowhere.jsonl")
-
-
-def test_compaction_through_a_link_keeps_the_file_and_fails_whole(runs: dict[str, Path], tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A link to the log names the same file for the service and for compaction; the compacted file keeps
-    the old one's mode; a compaction that fails leaves the log as it was and no file behind."""
-    from seqrec.serve.catalogue_compact import compact
-
-    path, link = tmp_path / "catalogue.jsonl", tmp_path / "link.jsonl"
-    rec = Recommender.from_run(runs["sasrec"])
-    rec.keep_log(path)
-    rec.remove_items(["i1"])
-    rec.remove_items(["i2"])
-    link.symlink_to(path)
-    with pytest.raises(SeqrecError, match="kept by a running service"):
-        compact(link)
-    rec.close_log()
-    path.chmod(0o640)
-    before = path.read_bytes()
-    files = sorted(p.name for p in tmp_path.iterdir())
-
-    def full_disk(*args: object) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr("seqrec.serve.catalogue_log.os.replace", full_disk)
-    with pytest.raises(SeqrecError, match=r"cannot compact the catalogue log \(No space left"):
-        compact(link)
-    monkeypatch.undo()
-    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == files
-    assert compact(link)["lines_after"] == 2 and link.is_symlink() and (path.stat().st_mode & 0o777) == 0o640
-    again = Recommender.from_run(runs["sasrec"])
-    assert again.keep_log(link) == (1, 0)
-    assert again.catalogue.removed == {again.catalogue.index[i] for i in ("i1", "i2")}

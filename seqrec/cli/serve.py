@@ -205,7 +205,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "503 (Retry-After)")
     s.set_defaults(fn=cmd_serve)
     c = sub.add_parser("compact-log", help="rewrite a catalogue log (serve --catalogue-log) as the fewest lines "
-                                           "that replay to the same catalogue; no service may keep it meanwhile")
+                                           "that replay to the same catalogue, services keeping it or not")
     c.add_argument("log", metavar="FILE", help="the catalogue log (what serve --catalogue-log was given)")
     c.set_defaults(fn=cmd_compact_log)
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")

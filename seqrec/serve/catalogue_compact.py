@@ -1,5 +1,13 @@
 """`seqrec compact-log FILE`: a catalogue log (`seqrec.serve.catalogue_log`) rewritten as the fewest lines
-that replay to the same catalogue, while no process keeps it."""
+that replay to the same catalogue, while services keep it or not.
+
+The compaction holds the file's exclusive lock from reading it to putting the new file in its place, so
+no change is made meanwhile; the new file's catalogue line says which file and how many of its bytes the
+new lines fold (`"compacted": {"from": [device, inode, bytes], "body": bytes, "lines": n}`). A process
+that keeps the log finds its file replaced the next time it takes the lock: it reads the old file to its
+end, and when that is what was folded it goes on after the folded lines in the new one; otherwise (the
+file was compacted twice meanwhile) it applies the new file from its start, which gives the same
+catalogue again (each item its last text at its own index)."""
 
 from __future__ import annotations
 
@@ -14,15 +22,7 @@ import numpy as np
 import torch
 
 from seqrec.errors import SeqrecError
-from seqrec.serve.catalogue_file import (
-    check_head,
-    hold_users,
-    let_users_go,
-    line_bytes,
-    pack_vectors,
-    read_at,
-    read_lines,
-)
+from seqrec.serve.catalogue_file import check_head, line_bytes, pack_vectors, read_at, read_lines, same_file
 
 COMPACT_LINE_ITEMS = 10_000  # items per "items" line of a compacted log (a replay joins them into one batch)
 
@@ -31,52 +31,68 @@ def compact(path: Path | str) -> dict[str, int]:
     """Rewrite a catalogue log as the fewest lines that replay to the same catalogue: each item's last text
     (and its vector), in the order the items were first added, so that they get the same indices, then
     one removal of the items whose last change removed them. It assumes a log that replays (it cannot
-    check ids against a run). Only while no process keeps the file (`SeqrecError` otherwise); a cut-short
-    last line is dropped. The new file keeps the old one's mode and, where allowed, its owner.
+    check ids against a run). Processes that keep the file wait for it, then follow the new file; a
+    cut-short last line is dropped. The new file keeps the old one's mode and, where allowed, its owner.
     -> counts before and after."""
     path = Path(path).resolve()
     if not path.is_file():
         raise SeqrecError(f"{path}: no such catalogue log")
-    users, created = hold_users(path, wait=False)
     temporary = path.with_name(path.name + ".compacting")
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = _locked(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a writer of an older seqrec, which takes no `.users` lock, waits
             data = read_at(fd, 0, os.fstat(fd).st_size)
             head, texts, removed, dropped = _fold(path, data)
-            out = _compacted(head, texts, removed)
+            folded = data[: data.rfind(b"\n") + 1] if dropped else data  # the bytes the new lines stand for
+            if head is None:  # nothing written yet: nothing to fold
+                return _counts(data, data, texts, removed, dropped)
+            old = os.fstat(fd)
+            body = _compacted(texts, removed)
+            head = {k: v for k, v in head.items() if k != "compacted"} | {"compacted": {
+                "from": [old.st_dev, old.st_ino, len(folded)], "body": len(body), "lines": body.count(b"\n") + 1}}
+            out = line_bytes(head) + body
             with temporary.open("wb") as f:
                 f.write(out)
                 f.flush()
-                old = os.fstat(fd)
                 os.fchmod(f.fileno(), old.st_mode & 0o7777)
                 with contextlib.suppress(PermissionError):
                     os.fchown(f.fileno(), old.st_uid, old.st_gid)
                 os.fsync(f.fileno())
-            os.replace(temporary, path)  # a writer that waited finds its file replaced and stops
+            os.replace(temporary, path)  # under the lock: the processes that keep the file wait, then move
             folder = os.open(path.parent, os.O_RDONLY)
             try:
                 os.fsync(folder)
             finally:
                 os.close(folder)
         finally:
-            os.close(fd)
+            os.close(fd)  # lets the lock go
     except (OSError, ValueError) as exc:
         temporary.unlink(missing_ok=True)
         raise SeqrecError(f"{path}: cannot compact the catalogue log ({getattr(exc, 'strerror', None) or exc})"
                           ) from None
-    finally:
-        let_users_go(path, users, created)
+    return _counts(data, out, texts, removed, dropped)
+
+
+def _locked(path: Path) -> int:
+    """The log open for writing under its exclusive lock: the file the path names once the lock is held
+    (another compaction may have replaced the one opened first)."""
+    while True:
+        fd = os.open(path, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if same_file(path, fd):
+            return fd
+        os.close(fd)
+
+
+def _counts(data: bytes, out: bytes, texts: dict[str, Any], removed: dict[str, bool], dropped: int) -> dict[str, int]:
     return {"lines_before": data.count(b"\n") + (not data.endswith(b"\n") and bool(data)),
             "lines_after": out.count(b"\n"), "bytes_before": len(data), "bytes_after": len(out),
             "items": len(texts), "removed": sum(removed.values()), "dropped": dropped}
 
 
-def _compacted(head: dict[str, Any] | None, texts: dict[str, tuple[str, str | None, np.ndarray | None]],
-               removed: dict[str, bool]) -> bytes:
-    """The lines of a folded log: its catalogue line, the items in runs of one encoder (or none), one removal."""
-    lines = [] if head is None else [line_bytes(head)]
+def _compacted(texts: dict[str, tuple[str, str | None, np.ndarray | None]], removed: dict[str, bool]) -> bytes:
+    """The changes of a folded log: the items in runs of one encoder (or none), one removal."""
+    lines = []
     runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []
     for raw, (text, encoder, vector) in texts.items():
         kind = None if vector is None else encoder  # items with vectors of one encoder, or without any

@@ -1,13 +1,10 @@
 """The catalogue log's file (`seqrec.serve.catalogue_log`): its lines (what a change looks like, its
-vectors packed), reading and writing them whole, and the `.users` lock that keeps a compaction off a file
-a process keeps."""
+vectors packed), and reading and writing them whole."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -77,65 +74,12 @@ def check_head(record: dict[str, Any], where: str, first: bool) -> None:
         raise SeqrecError(f"{where}: not a catalogue change: a catalogue line must come first")
 
 
-def users_path(path: Path) -> Path:
-    return path.with_name(path.name + ".users")
-
-
 def same_file(path: Path, fd: int) -> bool:
     try:
         a, b = os.stat(path), os.fstat(fd)
     except FileNotFoundError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def hold_users(path: Path, wait: bool = True) -> tuple[int | None, bool]:
-    """A lock on `<path>.users`: shared by every process that keeps the log (`wait`: behind a compaction under
-    way), exclusive for a compaction (refused while any keeps it). -> (its descriptor, or None where the
-    folder takes no new file, so no compaction can run there either; whether this call created the file).
-    The file is only ever removed under the exclusive lock, and a lock taken on a removed one is taken again."""
-    users = users_path(path)
-    while True:
-        created = False
-        try:
-            try:
-                fd = os.open(users, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o666)  # flock needs no write access
-                created = True
-            except FileExistsError:
-                fd = os.open(users, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # removed between the two opens
-        except OSError as exc:
-            if wait:
-                log.warning("%s: no %s beside it (%s): nothing keeps `seqrec compact-log` off it while it is served",
-                            path, users.name, exc.strerror)
-                return None, False
-            raise SeqrecError(f"{path}: cannot open {users.name} beside it ({exc.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise SeqrecError(f"{path} is kept by a running service (or a compaction): stop it before compacting "
-                              "the log") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        if same_file(users, fd):
-            return fd, created
-        os.close(fd)  # locked a `.users` that a compaction removed meanwhile: take the one there now
-
-
-def let_users_go(path: Path, fd: int | None, created: bool) -> None:
-    """Close a `.users` descriptor; one this process created goes if no process holds it (taken exclusively
-    first, so nobody waits on a removed file)."""
-    if fd is None:
-        return
-    if created:
-        with contextlib.suppress(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if same_file(users_path(path), fd):
-                users_path(path).unlink()
-    os.close(fd)
 
 
 def write_all(fd: int, data: bytes) -> None:

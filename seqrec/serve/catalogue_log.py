@@ -27,10 +27,11 @@ taking it from another process runs only the model's adaptor, not the text encod
 writer had. A line without them (older logs) or from another encoder has its texts encoded again.
 A run of "items" lines is applied as one batch, a run of "remove" lines as one removal.
 
-Every process that keeps the file holds a shared lock on `<file>.users` beside it (a file never
-replaced), so a compaction (`seqrec compact-log FILE`, `seqrec.serve.catalogue_compact`), which rewrites
-the file as the fewest lines that replay to the same catalogue, runs only while no process keeps it; a
-process that finds its file replaced anyway stops keeping it.
+A compaction (`seqrec compact-log FILE`, `seqrec.serve.catalogue_compact`) rewrites the file as the fewest
+lines that replay to the same catalogue and puts the new file in its place while processes keep it: a
+process that finds its file replaced when it takes the lock reads the old one to its end and goes on in
+the new one after the lines that fold the old (or, compacted twice meanwhile, applies the new one from
+its start, which gives the same catalogue).
 
 A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
 warning by the next writer, and one whole but for its newline is given it; a bad line anywhere else, or a
@@ -57,8 +58,6 @@ from seqrec.errors import SeqrecError
 from seqrec.serve.catalogue_file import (
     catalogue_fingerprint,
     check_head,
-    hold_users,
-    let_users_go,
     line_bytes,
     read_at,
     read_lines,
@@ -83,7 +82,7 @@ class CatalogueLog:
     catalogue (module docstring)."""
 
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path).resolve()  # a link to the log: its `.users` and replacement are the target's
+        self.path = Path(path).resolve()  # a link to the log: its replacement is the target's
         self._lock = threading.Lock()  # this process's threads reach the file one at a time
         self._fd: int | None = None
         self._writable = False
@@ -96,7 +95,8 @@ class CatalogueLog:
         self.error: str | None = None  # why this process stopped keeping the file, if it did
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
-        self._users: int | None = None  # a shared lock on the file's `.users` beside it, while this keeps it
+        self._pending: list[tuple[int, dict[str, Any]]] = []  # read from a file since replaced, not yet applied
+        self.moves = 0  # the compacted files this process moved to
 
     @property
     def changes(self) -> int:
@@ -109,12 +109,10 @@ class CatalogueLog:
         unless the whole file reads."""
         ids = rec.catalogue.raw_ids
         self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
-        self._users, created = hold_users(self.path)  # after a compaction under way; none starts now
         try:
             try:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
             except FileNotFoundError:
-                self._close_files(created)
                 return 0, 0  # nothing to read (yet); `catch_up` looks again
             except OSError as exc:
                 raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
@@ -129,7 +127,7 @@ class CatalogueLog:
                     records += more
                 self._apply(rec, records)  # the lines read are final: a writer takes back only its own
         except BaseException:
-            self._close_files(created)  # a start that failed leaves no file behind
+            self._close_files()
             raise
         return len(records), dropped
 
@@ -200,45 +198,101 @@ class CatalogueLog:
         with self._lock:
             self._close_files()
 
-    def _close_files(self, created: bool = False) -> None:
-        """Close the log and `.users`; `created`: this process made `.users`, which goes if no other holds it."""
+    def _close_files(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
-        if self._users is not None:
-            let_users_go(self.path, self._users, created)
-        self._fd = self._users = None
+        self._fd = None
 
     # ---- under self._lock ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _flock(self, how: int, stoppable: bool = False) -> Iterator[None]:
-        """Hold the file's lock; `stoppable`: give up (`_Stopped`) once `close` is called."""
+        """Hold the lock of the file the path names: one that replaced this process's file (a compaction) is
+        moved to first. `stoppable`: give up (`_Stopped`) once `close` is called."""
+        while True:
+            self._take(how, stoppable)
+            if not self._replaced():
+                break
+            try:
+                self._move()
+            except BaseException:
+                if self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)  # the file moved to, if any (no lock held: harmless)
+                raise
         assert self._fd is not None
-        if stoppable:
-            while True:
-                try:
-                    fcntl.flock(self._fd, how | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if self._stop.wait(0.002):
-                        raise _Stopped() from None
-        else:
-            fcntl.flock(self._fd, how)
         try:
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def _take(self, how: int, stoppable: bool) -> None:
+        assert self._fd is not None
+        if not stoppable:
+            fcntl.flock(self._fd, how)
+            return
+        while True:
+            try:
+                fcntl.flock(self._fd, how | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if self._stop.wait(0.002):
+                    raise _Stopped() from None
+
+    def _move(self) -> None:
+        """(Under the lock of a file the path no longer names.) Read it to its end (nothing is appended to it
+        any more: every writer moves first), let it go, and open the one the path names, placed after the
+        lines that fold the file left (`_place`)."""
+        assert self._fd is not None
+        records, _ = self._read_lines(fix=False)
+        self._pending += records
+        old = os.fstat(self._fd)
+        origin = (old.st_dev, old.st_ino, self._offset)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND if self._writable else os.O_RDONLY)
+        except OSError as exc:
+            self._fail(f"{self.path} was removed while this process kept it ({exc.strerror}): restart the service")
+        os.close(self._fd)  # lets its lock go; never None meanwhile (a follower would take that for no file yet)
+        self._fd = fd
+        self._place(origin)
+
+    def _place(self, origin: tuple[int, int, int]) -> None:
+        """Where to go on reading a file that replaced the one `origin` (device, inode, bytes read) names:
+        after its compacted lines when they fold exactly what this process read; else from its start. (Its
+        first line, written before it took the path, never changes.)"""
+        assert self._fd is not None
+        first = read_at(self._fd, 0, 1 << 16)
+        first = first[: first.find(b"\n") + 1]
+        try:
+            head = json.loads(first) if first else {}
+        except ValueError:
+            head = {}
+        folded = head.get("compacted") if isinstance(head, dict) else None
+        self.moves += 1
+        if isinstance(folded, dict) and folded.get("from") == list(origin):
+            self._offset = self._seen = len(first) + int(folded["body"])
+            self._lines = int(folded["lines"])
+            self._changes = self._lines - 1
+            self._headed = True
+            return
+        log.info("%s was compacted again (or replaced) since this process read it: applying it from its start, "
+                 "which gives the same catalogue", self.path)
+        self._offset = self._seen = self._lines = self._changes = 0
+        self._headed = False
+
     def _read(self, fix: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """(Under the file's lock.) The changes read from a file since replaced, then those after `_offset`
+        (`_read_lines`)."""
+        pending, self._pending = self._pending, []
+        records, dropped = self._read_lines(fix)
+        return pending + records, dropped
+
+    def _read_lines(self, fix: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """(Under the file's lock.) The changes in the lines after `_offset`. A last line without its
         newline is another process's that stopped while writing it: with `fix` (the exclusive lock held)
         it is given its newline when it is a whole change, else cut off (and counted); without, it is left
         for a writer to settle. With `fix`, an empty file gets its catalogue line.
         -> ((line number, change) for each change, lines cut off)."""
         assert self._fd is not None
-        if self._replaced():
-            self._fail(f"{self.path} was replaced while this process kept it (by `seqrec compact-log`?): restart "
-                       "the service")
         size = os.fstat(self._fd).st_size
         if size < self._offset:
             self._fail(f"{self.path} is shorter than when it was read: the catalogue log was changed by "
