@@ -61,7 +61,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), "",
+              *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), *_deploy(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():
@@ -228,6 +228,28 @@ def _compaction() -> list[str]:
             f"{r['visible_s_p50'] * 1e3:.1f} | {r['visible_s_max'] * 1e3:.1f} | "
             f"{r['visible_within_1s']:,} of {r['added']:,} | {replay['items_added_found']:,} of {r['added']:,} | "
             f"{replay['items_active']:,} of {replay['items_expected']:,} |"]
+
+
+def _deploy() -> list[str]:
+    d = load_result("serve_deploy.json")
+    if d is None:
+        return []
+    r, load = d["result"], d["result"]["load"]
+    switched = "never" if r["switched_after_s"] is None else f"{r['switched_after_s']:.1f}"
+    return ["", f"Deploying a new run into the running service: `seqrec serve LINK --workers {r['workers']}` "
+            f"(SASRec, {d['n_items']:,} items, exact top-10) serving run A through a link; under /recommend load "
+            "at concurrency 8 the link is switched to run B and the service sent SIGHUP, on which the workers are "
+            "replaced one at a time. Switched: every worker of run A gone and 10 answers in a row, each on a new "
+            "connection, from run B (its version in /health). A request whose keep-alive connection a retiring "
+            "worker closed before answering is sent again on a new connection, as HTTP clients do; failed: its "
+            f"retry failed too. Commit {d['machine']['commit']}, on its own day. `python benchmarks/serve_deploy.py`; "
+            "file: `results/serve_deploy.json`.", "",
+            *header(["requests", "answered with an error", "closed before the answer, retried", "failed",
+                     "requests/s", "p50 ms", "p99 ms", "max ms", "switched after s", "answers then from run B"]),
+            f"| {load['requests']:,} | {load['error_answers']} | {load['closed_before_answer_retried']} | "
+            f"{load['failed_after_retry']} | {load['requests_per_s']:.0f} | {load['p50_ms']:.1f} | "
+            f"{load['p99_ms']:.1f} | {load['max_ms']:.1f} | {switched} | "
+            f"{r['answers_equal_run_b']} of {r['answers_checked']} |"]
 
 
 def _ab_runs(prefix: str, ab: tuple[tuple[str, str], ...]) -> list[tuple[str, str, dict[str, Any]]]:

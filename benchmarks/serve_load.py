@@ -81,8 +81,8 @@ def real_titles(n: int) -> list[str]:
     return [f"generated title number {i} blue red tool" for i in range(n)]
 
 
-def build_sasrec(dest: Path, n_items: int, max_len: int) -> None:
-    torch.manual_seed(0)
+def build_sasrec(dest: Path, n_items: int, max_len: int, seed: int = 0) -> None:
+    torch.manual_seed(seed)
     model = SASRec(SERVED_SASREC, n_items, max_len).eval()
     save_checkpoint(model, dest, max_len=max_len, item_table=item_table(n_items, []))
 
@@ -110,7 +110,7 @@ class Server:
     """`seqrec serve RUN` in a subprocess on a free loopback port, logging to a file."""
 
     def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact", engine: str = "torch",
-                 workers: int = 1, catalogue_log: Path | None = None) -> None:
+                 workers: int = 1, catalogue_log: Path | None = None, ready_timeout: int | None = None) -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +118,7 @@ class Server:
         cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
                "--threads", str(threads), "--index", index, "--engine", engine, "--workers", str(workers)]
         cmd += ["--catalogue-log", str(catalogue_log)] if catalogue_log else []
+        cmd += ["--ready-timeout", str(ready_timeout)] if ready_timeout else []
         started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         deadline = time.time() + 300

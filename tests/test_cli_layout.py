@@ -66,3 +66,21 @@ def test_the_workers_factory_string_resolves() -> None:
     target = "seqrec.cli.serve:app_from_env"
     assert f'"{target}"' in (CLI / "serve.py").read_text()
     assert uvicorn.importer.import_from_string(target) is serve.app_from_env
+
+
+def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """On a deploy (SIGHUP) a new worker may find no run behind the link: it exits with uvicorn's startup
+    failure status (the old workers are kept) and logs one line, not a traceback."""
+    import json
+    import logging
+
+    from seqrec.cli import serve
+
+    monkeypatch.setenv(serve.ENV, json.dumps({"run": str(tmp_path / "gone"), "index": "exact"}))
+    with caplog.at_level(logging.ERROR, logger="seqrec.serve"), pytest.raises(SystemExit) as exit_:
+        serve.app_from_env()
+    assert exit_.value.code == 3
+    gone = tmp_path / "gone"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"a worker could not start: {gone}: no checkpoint found (expected {gone / 'model.json'})"]

@@ -4,7 +4,9 @@ every bad request is a 4xx with a JSON error."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -281,6 +283,9 @@ def test_health_metrics_and_page(runs: dict[str, Path]) -> None:
     client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["n_items"] == 30 and health["index"] == "exact"
+    digest = hashlib.sha256((runs["sasrec"] / "checkpoint" / "model.json").read_bytes()).hexdigest()
+    assert (health["run"], health["version"], health["pid"]) == (str(runs["sasrec"].resolve()), digest[:12],
+                                                                 os.getpid())  # what a deploy switched to
     for _ in range(3):
         client.post("/recommend", json={"history": ["i1"]})
     client.post("/recommend", json={"history": ["zz"]})

@@ -47,7 +47,11 @@ def app_from_env() -> object:
     """uvicorn's factory in each worker process of `seqrec serve --workers N`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)  # it logs its loader choice at INFO on import
-    return build_app(json.loads(os.environ[ENV]))
+    try:
+        return build_app(json.loads(os.environ[ENV]))
+    except SeqrecError as exc:  # one line, not a traceback; on a SIGHUP the old workers keep serving
+        logging.getLogger("seqrec.serve").error("a worker could not start: %s", exc)
+        raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
 
 
 def _zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
@@ -88,7 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SeqrecError(f"--port must be in 1..65535, got {args.port}")
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 0),
                                ("--max-sessions", args.max_sessions, 1), ("--session-events", args.session_events, 1),
-                               ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, 1)):
+                               ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, 1),
+                               ("--ready-timeout", args.ready_timeout, 1)):
         if value < least:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
@@ -120,8 +125,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options["session_store"] = options["session_store"] or str(Path(scratch) / "sessions.sqlite")
         options["metrics_folder"] = str(Path(scratch) / "metrics")
         os.environ[ENV] = json.dumps(options)
+        # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, access_log=False, log_level="warning")
+                    workers=args.workers, access_log=False, log_level="warning",
+                    timeout_worker_healthcheck=args.ready_timeout)
     return 0
 
 
@@ -182,6 +189,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="worker processes; with more than one, they share the sessions through a session store "
                         "(--session-store, or a temporary file) and the catalogue changes only through "
                         "--catalogue-log, which they share too")
+    s.add_argument("--ready-timeout", type=int, default=300, metavar="S",
+                   help="with --workers > 1: seconds a worker may take to load and start answering; on SIGHUP "
+                        "the workers are replaced one by one, each new one (loading RUN again: a link switched "
+                        "to another run deploys that run) serving before the old one stops; one not ready in "
+                        "time is given up and the old ones kept. It also bounds how long a worker may hang "
+                        "before it is restarted")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",

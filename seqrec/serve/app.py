@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from importlib import resources
 from typing import Annotated, Any
 
@@ -132,6 +133,9 @@ class Health(BaseModel):
     takes_text: bool
     catalogue_changes: int | None = None  # the catalogue log's changes this process has read (any process's)
     catalogue_log_error: str | None = None  # why this process stopped keeping the catalogue log ("degraded")
+    run: str | None = None  # the run folder served (a link resolved: which run a deploy switched it to)
+    version: str | None = None  # the checkpoint served (the start of its model.json's sha256)
+    pid: int  # the worker process that answered
 
 
 def _items(recs: list[Recommendation]) -> list[Item]:
@@ -313,7 +317,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
                       index=rec.catalogue.retriever.kind, index_rebuilding=rec.catalogue.retriever.rebuilding,
                       sessions=len(sessions), takes_text=rec.takes_text,
                       catalogue_changes=None if journal is None else journal.changes,
-                      catalogue_log_error=None if journal is None else journal.error)
+                      catalogue_log_error=None if journal is None else journal.error,
+                      run=rec.run, version=rec.version, pid=os.getpid())
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:

@@ -19,6 +19,7 @@ derives them from a prepared log; values not given are missing (the model's lear
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,8 @@ class Recommender(LiveCatalogue):
         self._text_encoder: Any = None  # loaded on the first new item
         self._no_new_text: str | None = None  # why this catalogue takes no item by text, if it takes none
         self._log: CatalogueLog | None = None  # where catalogue changes are kept (`keep_log`), if anywhere
+        self.run: str | None = None  # the run folder it was loaded from (links resolved), if any
+        self.version: str | None = None  # which checkpoint: the start of its model.json's sha256
 
     @classmethod
     def from_run(cls, path: Path | str, device: str = "cpu", index: str = "exact", engine: str = "torch",
@@ -88,6 +91,9 @@ class Recommender(LiveCatalogue):
             raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
         model, meta = load_checkpoint(ckpt, device)
         rec = cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
+        rec.run = str(path.resolve())
+        # model.json holds the config and every other file's sha256: its own digest names the checkpoint
+        rec.version = hashlib.sha256((ckpt / "model.json").read_bytes()).hexdigest()[:12]
         if "pretrain" in meta and getattr(model.config, "text_centre", False):
             rec._no_new_text = (f"{path} is a pre-training run whose domains' texts are each centred by their own "
                                 "mean (model.text_centre): a new item has no domain mean to take; serve the run "
