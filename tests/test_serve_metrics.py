@@ -81,6 +81,18 @@ def test_workers_pool_counts_quantiles_and_own_values(tmp_path: Path) -> None:
     assert values(text, "seqrec_requests_total")['{method="POST",route="/recommend",status="200"}'] == 400
     assert values(text, "seqrec_recommend_batches_total") == {"": 12}
     assert values(text, "seqrec_catalogue_items") == {"": 30} and values(text, "seqrec_workers") == {"": 1}
+    # its latencies are no longer recent: the quantiles are the running worker's; the counts keep them
+    quantiles = values(text, "seqrec_request_latency_seconds")
+    assert abs(quantiles['{route="/recommend",quantile="0.99"}'] - np.quantile(fast, 0.99)) < 2e-6
+    assert values(text, "seqrec_request_latency_seconds_count") == {'{route="/recommend"}': 401}
+
+    # a route only the exited worker served keeps its count and sum, with no quantiles
+    record["counts"].append(["GET", "/health", 200, 3])
+    record["seconds"]["/health"] = 0.003
+    path.write_text(json.dumps(record))
+    text = one.render()
+    assert values(text, "seqrec_request_latency_seconds_count")['{route="/health"}'] == 3
+    assert '{route="/health",quantile' not in text
 
 
 def test_a_worker_writes_on_its_own_and_when_it_stops(tmp_path: Path) -> None:

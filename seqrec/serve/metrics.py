@@ -7,7 +7,7 @@ writes what it has counted to a folder they share (`share`), once a second and w
 scrape of /metrics, whichever worker answers it, adds its own live counts to the others' last
 writes, so the numbers are the service's: counters and histogram buckets summed over the workers
 (a worker that has exited still counts, so totals never fall), latency quantiles over the recent
-requests of every worker, gauges the largest over the workers still running.
+requests of the running workers, gauges the largest over them.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def render(parts: list[Counted], window: int) -> str:
             seconds[route] += s
         for route, b in part.buckets.items():
             buckets[route] += np.asarray(b, dtype=np.int64)
-        for route, v in part.recent.items():
+        for route, v in part.recent.items() if part.running else ():  # a stopped worker's are not recent
             recent[route].append(v)
     by_route: defaultdict[str, int] = defaultdict(int)
     for (_, route, _), n in counts.items():
@@ -219,11 +219,11 @@ def render(parts: list[Counted], window: int) -> str:
     for (method, route, status), n in sorted(counts.items()):
         lines.append(f'seqrec_requests_total{{method="{method}",route="{route}",status="{status}"}} {n}')
     lines += [f"# HELP seqrec_request_latency_seconds Latency per route: quantiles of the last {window:,} "
-              "requests of each worker, count and sum of all",
+              "requests of each running worker, count and sum of all",
               "# TYPE seqrec_request_latency_seconds summary"]
-    for route in sorted(recent):
-        values = np.concatenate(recent[route])
-        for q in QUANTILES:
+    for route in sorted(by_route):
+        values = np.concatenate(recent[route]) if recent[route] else np.zeros(0)
+        for q in QUANTILES if len(values) else ():  # none: only workers that have stopped served the route
             lines.append(f'seqrec_request_latency_seconds{{route="{route}",quantile="{q}"}} '
                          f"{float(np.quantile(values, q)):.6f}")
         lines.append(f'seqrec_request_latency_seconds_count{{route="{route}"}} {by_route[route]}')
