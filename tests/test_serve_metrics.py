@@ -4,13 +4,16 @@ service through a shared folder (seqrec.serve.metrics)."""
 from __future__ import annotations
 
 import json
+import logging
 import re
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from seqrec.serve.metrics import BUCKETS, Metrics
 
@@ -49,7 +52,9 @@ def test_workers_pool_counts_quantiles_and_own_values(tmp_path: Path) -> None:
     that exited still counts in the counters but no longer in the gauges or the worker count."""
     own = [{"seqrec_sessions": 4, "seqrec_catalogue_items": 30, "seqrec_recommend_batches_total": 7},
            {"seqrec_sessions": 4, "seqrec_catalogue_items": 31, "seqrec_recommend_batches_total": 5}]
-    one, two = (Metrics(own=lambda o=o: o, share=tmp_path) for o in own)
+    one, two = (Metrics(own=lambda o=o: o, share=tmp_path, interval_s=60.0) for o in own)
+    one.start()
+    two.start()
     rng = np.random.default_rng(0)
     fast, slow = rng.uniform(0.001, 0.002, 300), rng.uniform(0.1, 0.2, 100)
     for s in fast:
@@ -93,6 +98,51 @@ def test_workers_pool_counts_quantiles_and_own_values(tmp_path: Path) -> None:
     text = one.render()
     assert values(text, "seqrec_request_latency_seconds_count")['{route="/health"}'] == 3
     assert '{route="/health",quantile' not in text
+    one.close()
+
+
+def test_counters_never_fall_whichever_worker_answers(tmp_path: Path) -> None:
+    """A scrape writes what it shows of its own first: the next scrape, through another worker, adds at least
+    that (it added the other's last timed write, older, and a counter fell: Prometheus reads a reset)."""
+    a, b = Metrics(share=tmp_path, interval_s=60.0), Metrics(share=tmp_path, interval_s=60.0)
+    a.start()
+    b.start()  # from here on no timed write within the test
+    total = 'seqrec_requests_total{method="GET",route="/health",status="200"}'
+    shown = []
+    for worker, n in ((a, 5), (b, 3), (a, 2), (b, 1)):
+        for _ in range(n):
+            worker.observe("GET", "/health", 200, 0.001)
+        shown.append(values(worker.render(), total.split("{")[0])[total[len("seqrec_requests_total"):]])
+    assert shown == [5, 8, 10, 11]
+    a.close()
+    b.close()
+
+
+def test_the_writer_goes_on_after_a_failure_and_close_never_raises(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The service's own values come from the session store: an error there (sqlite3's, not an OSError) is
+    logged once, and the next write succeeds; a stop whose last write fails still stops."""
+    fail = [True]
+
+    def own() -> dict[str, float]:
+        if fail[0]:
+            raise sqlite3.OperationalError("database is locked")
+        return {"seqrec_sessions": 1}
+
+    writer, reader = Metrics(own=own, share=tmp_path, interval_s=0.02), Metrics(share=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="seqrec.serve"):
+        writer.start()  # its first write fails: logged, and the worker starts all the same
+        time.sleep(0.1)
+    assert [r.getMessage() for r in caplog.records if "could not write" in r.getMessage()] == [
+        f"metrics: could not write {writer._file}: database is locked"]  # once, not every 0.02 s
+    writer.observe("GET", "/health", 200, 0.001)
+    fail[0] = False
+    deadline = time.monotonic() + 5
+    while "seqrec_requests_total{" not in reader.render() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert values(reader.render(), "seqrec_sessions") == {"": 1}
+    fail[0] = True
+    writer.close()  # its last write fails: logged, not raised
 
 
 def test_a_worker_writes_on_its_own_and_when_it_stops(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -81,10 +82,16 @@ class Counted:
         raw = json.loads(text)
         return cls(counts={(m, r, int(s)): int(n) for m, r, s, n in raw["counts"]},
                    seconds={r: float(v) for r, v in raw["seconds"].items()},
-                   buckets={r: [int(n) for n in v] for r, v in raw["buckets"].items()},
+                   buckets={r: _buckets(v) for r, v in raw["buckets"].items()},
                    recent={r: np.frombuffer(base64.b64decode(v), dtype="<f4").astype(np.float64)
                            for r, v in raw["recent"].items()},
                    own={k: float(v) for k, v in raw["own"].items()}, running=_running(int(raw["pid"])))
+
+
+def _buckets(counts: list[Any]) -> list[int]:
+    if len(counts) != len(BUCKETS) + 1:  # another version's buckets: not added to these
+        raise ValueError(f"{len(counts)} histogram buckets, expected {len(BUCKETS) + 1}")
+    return [int(n) for n in counts]
 
 
 def _running(pid: int) -> bool:
@@ -109,10 +116,12 @@ class Metrics:
         self.buckets: defaultdict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
         self.window, self.own = window, own or dict
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self.share = None if share is None else Path(share)
         self.interval_s = interval_s
-        self._file = None if self.share is None else self.share / f"worker-{os.getpid()}-{secrets.token_hex(4)}.json"
+        self._file: Path | None = None  # this process's file in `share`, named when it starts (after a fork)
         self._observed = self._written = 0
+        self._failing = False  # the last write failed (said once, until one succeeds)
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
 
@@ -136,10 +145,12 @@ class Metrics:
     # -- sharing between the worker processes of one service
     def start(self) -> None:
         """Write this process's counts to the shared folder every `interval_s` (nothing without one)."""
-        if self._file is None or self._writer is not None:
+        if self.share is None or self._writer is not None:
             return
-        self._file.parent.mkdir(parents=True, exist_ok=True)
-        self.write()
+        self._file = self.share / f"worker-{os.getpid()}-{secrets.token_hex(4)}.json"
+        with contextlib.suppress(OSError):  # a folder that cannot be made is said by the write
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+        self._try_write()  # a failure is logged, not raised: the worker serves all the same
         self._writer = threading.Thread(target=self._write_loop, name="seqrec-metrics", daemon=True)
         self._writer.start()
 
@@ -152,28 +163,35 @@ class Metrics:
             self._try_write()
 
     def write(self) -> None:
-        if self._file is None:
-            return
-        observed = self._observed
-        tmp = self._file.with_suffix(".tmp")
-        tmp.write_text(self.counted().to_json(os.getpid()))
-        os.replace(tmp, self._file)  # a reader sees the last whole file, never half of one
-        self._written = observed
+        if self._file is not None:
+            self._write(self.counted())
 
-    def _try_write(self) -> bool:
+    def _write(self, mine: Counted) -> None:
+        assert self._file is not None
+        observed = sum(sum(b) for b in mine.buckets.values())  # what `mine` holds, not what came since
+        with self._write_lock:  # the writer thread and a scrape
+            tmp = self._file.with_suffix(".tmp")
+            tmp.write_text(mine.to_json(os.getpid()))
+            os.replace(tmp, self._file)  # a reader sees the last whole file, never half of one
+            self._written = max(self._written, observed)
+
+    def _try_write(self) -> None:
+        """`write`, with any failure logged (once until a write succeeds again), never raised: the writer
+        thread goes on, a shutdown runs its other steps."""
         try:
             self.write()
-        except OSError as exc:  # the folder went away (the service is stopping): said, not raised
-            log.warning("metrics: could not write %s: %s", self._file, exc)
-            return False
-        return True
+        except Exception as exc:  # a full disk, the folder gone at shutdown, the session store busy, ...
+            if not self._failing:
+                log.warning("metrics: could not write %s: %s", self._file, exc)
+            self._failing = True
+            return
+        self._failing = False
 
     def _write_loop(self) -> None:
         last = time.monotonic()
         while not self._stop.wait(self.interval_s):
             if self._observed != self._written or time.monotonic() - last >= HEARTBEAT_S:
-                if not self._try_write():
-                    return
+                self._try_write()
                 last = time.monotonic()
 
     def _others(self) -> list[Counted]:
@@ -191,8 +209,15 @@ class Metrics:
 
     def render(self) -> str:
         """Prometheus text exposition of this process's counts, and with a shared folder those of the
-        other workers as they last wrote them."""
-        return render([self.counted(), *self._others()], self.window)
+        other workers as they last wrote them. What it shows of its own it writes first, so that the next
+        scrape, whichever worker answers it, never counts less (Prometheus takes a fall for a reset)."""
+        mine = self.counted()
+        if self._file is not None:
+            try:
+                self._write(mine)
+            except Exception as exc:  # shown all the same; the writer thread says why it cannot write
+                log.debug("metrics: could not write %s: %s", self._file, exc)
+        return render([mine, *self._others()], self.window)
 
 
 def render(parts: list[Counted], window: int) -> str:
@@ -237,7 +262,7 @@ def render(parts: list[Counted], window: int) -> str:
         lines.append(f'seqrec_request_duration_seconds_count{{route="{route}"}} {cumulative[-1]}')
         lines.append(f'seqrec_request_duration_seconds_sum{{route="{route}"}} {seconds[route]:.6f}')
     running = [p for p in parts if p.running]
-    for name in parts[0].own:
+    for name in dict.fromkeys(name for p in parts for name in p.own):  # in the answering worker's order
         if name.endswith("_total"):  # Prometheus: counters end in _total; summed over every worker
             lines += [f"# TYPE {name} counter", f"{name} {_number(sum(p.own.get(name, 0) for p in parts))}"]
         else:  # a gauge: the largest over the running workers (they share the sessions, follow one catalogue)
