@@ -5,6 +5,7 @@ file (seqrec.serve.catalogue_log)."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from seqrec.errors import SeqrecError
 from seqrec.serve import Recommender
 from seqrec.serve.catalogue_compact import compact
-from seqrec.serve.catalogue_log import CatalogueLog
+from seqrec.serve.catalogue_log import CatalogueLog, CatalogueLogBroken
 from tests.serve_helpers import same_catalogue, train_tiny_runs
 
 
@@ -40,22 +41,24 @@ def test_services_keep_a_log_compacted_under_them(runs: dict[str, Path], tmp_pat
     assert (counts["lines_before"], counts["lines_after"]) == (10, 3)
     head = json.loads(path.read_text().splitlines()[0])
     assert head["compacted"]["lines"] == 3 and head["compacted"]["from"][2] == counts["bytes_before"]
+    assert head["compacted"]["total"] == 9 and head["log"] == a.catalogue_log._log_id  # type: ignore[union-attr]
 
     applied: list[int] = []  # what b applies from here on
     b_apply = b.apply_items
     b.apply_items = lambda items: (applied.append(len(items)), b_apply(items))[1]  # type: ignore[method-assign]
     # b had not read a's last removal: it reads the old file to its end, then skips the folded lines
     assert b.catalogue_log is not None and b.catalogue_log.catch_up(b) == 1
-    assert b.catalogue_log.moves == 1 and applied == [] and b.catalogue_log.changes == 2
+    assert b.catalogue_log.moves == 1 and applied == [] and b.catalogue_log.changes == 9  # changes ever made
     b.add_items({"new3": "small tape"})
     a.remove_items(["new0"])
-    assert a.catalogue_log is not None and a.catalogue_log.moves == 1 and a.catalogue_log.changes == 4
+    assert a.catalogue_log is not None and a.catalogue_log.moves == 1 and a.catalogue_log.changes == 11
     assert b.catalogue_log.catch_up(b) == 1 and applied == []  # a's removal; no item applied again
     same_catalogue(a, b)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["op"] for line in lines] == ["catalogue", "items", "remove", "items", "remove"]
     fresh = Recommender.from_run(runs["unisrec"])
-    assert fresh.keep_log(path) == (4, 0)
+    assert fresh.keep_log(path) == (4, 0) and fresh.catalogue_log is not None
+    assert fresh.catalogue_log.changes == b.catalogue_log.changes == 11  # the same count in every process
     same_catalogue(a, fresh)
     assert "new0" in fresh.catalogue.index and fresh.catalogue.index["new0"] in fresh.catalogue.removed
     for rec in (a, b, fresh):
@@ -78,11 +81,78 @@ def test_a_process_that_missed_two_compactions_applies_the_new_file_again(runs: 
     compact(path)
     a.remove_items(["new2"])
     assert a.catalogue_log is not None and a.catalogue_log.moves == 2  # it wrote after each
-    # b: the two changes it had not read from its first file, then the new file's three from its start
-    assert follower.catch_up(b) == 2 + 3 and follower.moves == 1 and follower.changes == 3
+    applied: list[list[str]] = []
+    b_apply = b.apply_items
+    b.apply_items = lambda items: (applied.append(sorted(items)), b_apply(items))[1]  # type: ignore[method-assign]
+    # b: the two changes it had not read from its first file, then the new file's state (what differs from b's)
+    assert follower.catch_up(b) == 2 + 1 and follower.moves == 1 and follower.changes == a.catalogue_log.changes == 4
+    # from the first file new1 and new2; from the state only what differs: new1's text, new3 (new2 is removed)
+    assert applied == [["new1", "new2"], ["new1", "new3"]]
     same_catalogue(a, b)
     a.close_log()
     follower.close()
+    assert follower.catch_up(b) == 0 and follower._fd is None  # closed: not opened again
+
+
+def test_a_log_replaced_by_anything_but_its_compaction_stops_the_process(runs: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """A file put in the log's place that is not a compaction of it (a new log, or a compaction older than
+    what the process read: a backup put back) is not followed: the process stops keeping the log, and says
+    so (it is a 503 in a service)."""
+    path = tmp_path / "catalogue.jsonl"
+    a = Recommender.from_run(runs["sasrec"])
+    a.keep_log(path)
+    a.remove_items(["i1"])
+    other = tmp_path / "other.jsonl"
+    b = Recommender.from_run(runs["sasrec"])
+    b.keep_log(other)  # a log of the same catalogue, started apart
+    b.close_log()
+    os.replace(other, path)
+    with pytest.raises(CatalogueLogBroken, match="not a compaction of it"):
+        a.remove_items(["i2"])
+    a.close_log()
+
+    path.unlink()
+    a = Recommender.from_run(runs["sasrec"])
+    a.keep_log(path)
+    a.remove_items(["i1"])
+    compact(path)
+    backup = path.read_bytes()  # the compaction of one change
+    a.remove_items(["i2"])
+    a.remove_items(["i3"])
+    compact(path)
+    a.remove_items(["i4"])  # a is in the second compaction's file
+    path.with_name("backup").write_bytes(backup)
+    os.replace(path.with_name("backup"), path)
+    with pytest.raises(CatalogueLogBroken, match="not a compaction of it"):
+        a.remove_items(["i5"])
+    a.close_log()
+
+
+def test_compaction_settles_the_last_line_and_refuses_a_log_without_its_first_line(runs: dict[str, Path],
+                                                                                  tmp_path: Path) -> None:
+    """A last line whole but for its newline (a writer stopped before that byte) gets it first, so the processes
+    reading the file end where the compaction does and go on after its lines; a log written before logs named
+    their catalogue cannot be compacted, and says so."""
+    path = tmp_path / "catalogue.jsonl"
+    a = Recommender.from_run(runs["sasrec"])
+    a.keep_log(path, follow=False)
+    a.remove_items(["i1"])
+    with path.open("a") as f:
+        f.write('{"op": "remove", "ids": ["i2"]}')  # no newline
+    reader = CatalogueLog(path)
+    b = Recommender.from_run(runs["sasrec"])
+    reader.replay(b, write=False)  # reads i1's removal; i2's line waits for its newline
+    compact(path)
+    assert reader.catch_up(b) == 1 and reader.moves == 1 and reader.changes == 2
+    assert b.catalogue.removed == {b.catalogue.index["i1"], b.catalogue.index["i2"]}
+    reader.close()
+    a.close_log()
+
+    headless = tmp_path / "old.jsonl"
+    headless.write_text('{"op": "remove", "ids": ["i1"]}\n{"op": "remove", "ids": ["i2"]}\n')
+    with pytest.raises(SeqrecError, match="no catalogue line at its start"):
+        compact(headless)
 
 
 def test_compaction_waits_for_a_change_being_made(runs: dict[str, Path], tmp_path: Path,
@@ -203,7 +273,7 @@ def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tm
     # compacted while a service keeps the file: its next change moves to the new file, after the folded lines
     assert compact(path)["lines_after"] == 4 and again._log is not None and again._log.moves == 0
     again.remove_items(["new1"])
-    assert again._log.moves == 1 and again._log.changes == 4
+    assert again._log.moves == 1 and again._log.changes == 7  # the 6 changes the compaction folded, then one
     again.close_log()
     with path.open("a") as f:
         f.write('{"op": "remove", "ids": ["i')  # cut short by a crash: left out

@@ -344,3 +344,29 @@ def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], t
         assert (health["status"], health["catalogue_changes"], health["catalogue_log_error"]) == ("ok", 3, None)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["op"] for line in lines] == ["remove", "remove", "items"]
+
+
+def test_a_failed_look_at_the_path_lets_the_lock_go(runs: dict[str, Path], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether the log was replaced is asked with the lock held: a failure there (a stale NFS handle, a folder
+    made unreadable) lets the lock go, or every other process's changes would wait on it for good."""
+    import fcntl
+    import os
+
+    path = tmp_path / "catalogue.jsonl"
+    rec = Recommender.from_run(runs["sasrec"])
+    rec.keep_log(path)
+
+    def stale(*args: object) -> bool:
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr("seqrec.serve.catalogue_log.same_file", stale)
+    with pytest.raises(OSError, match="Stale"):
+        rec.remove_items(["i1"])
+    monkeypatch.undo()
+    other = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if the lock were still held
+    finally:
+        os.close(other)
+    rec.close_log()

@@ -131,7 +131,7 @@ class Health(BaseModel):
     index_rebuilding: bool  # a FAISS index being rebuilt in the background (after heavy changes)
     sessions: int
     takes_text: bool
-    catalogue_changes: int | None = None  # the catalogue log's changes this process has read (any process's)
+    catalogue_changes: int | None = None  # changes ever made to the catalogue log, as far as this process has read it
     catalogue_log_error: str | None = None  # why this process stopped keeping the catalogue log ("degraded")
     run: str | None = None  # the run folder served (a link resolved: which run a deploy switched it to)
     version: str | None = None  # the checkpoint served (the start of its model.json's sha256)

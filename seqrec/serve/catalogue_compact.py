@@ -11,7 +11,6 @@ catalogue again (each item its last text at its own index)."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -24,6 +23,7 @@ import torch
 from seqrec.errors import SeqrecError
 from seqrec.serve.catalogue_file import check_head, line_bytes, pack_vectors, read_at, read_lines, same_file
 
+Texts = dict[str, tuple[str, str | None, np.ndarray | None]]  # raw id -> (last text, its encoder, its vector)
 COMPACT_LINE_ITEMS = 10_000  # items per "items" line of a compacted log (a replay joins them into one batch)
 
 
@@ -32,33 +32,45 @@ def compact(path: Path | str) -> dict[str, int]:
     (and its vector), in the order the items were first added, so that they get the same indices, then
     one removal of the items whose last change removed them. It assumes a log that replays (it cannot
     check ids against a run). Processes that keep the file wait for it, then follow the new file; a
-    cut-short last line is dropped. The new file keeps the old one's mode and, where allowed, its owner.
-    -> counts before and after."""
+    cut-short last line is dropped. The new file keeps the old one's mode and owner (a compaction that
+    cannot keep the owner is refused: the services could no longer write it). -> counts before and after."""
     path = Path(path).resolve()
     if not path.is_file():
         raise SeqrecError(f"{path}: no such catalogue log")
     temporary = path.with_name(path.name + ".compacting")
+    written = False  # the temporary file is this compaction's (another's is never removed)
     try:
         fd = _locked(path)
         try:
-            data = read_at(fd, 0, os.fstat(fd).st_size)
+            data = _settled(fd)
             head, texts, removed, dropped = _fold(path, data)
-            folded = data[: data.rfind(b"\n") + 1] if dropped else data  # the bytes the new lines stand for
-            if head is None:  # nothing written yet: nothing to fold
-                return _counts(data, data, texts, removed, dropped)
+            if head is None:
+                if data.strip():
+                    raise SeqrecError(f"{path}: no catalogue line at its start (a log written before logs named "
+                                      "their catalogue): it cannot be compacted")
+                return _counts(data, data, texts, removed, dropped)  # nothing written yet
+            folded = data[: data.rfind(b"\n") + 1]  # whole lines: a cut-short last one is left out
             old = os.fstat(fd)
             body = _compacted(texts, removed)
             head = {k: v for k, v in head.items() if k != "compacted"} | {"compacted": {
-                "from": [old.st_dev, old.st_ino, len(folded)], "body": len(body), "lines": body.count(b"\n") + 1}}
+                "from": [old.st_dev, old.st_ino, len(folded)], "body": len(body), "lines": body.count(b"\n") + 1,
+                "total": _total(path, folded)}}
             out = line_bytes(head) + body
+            written = True
             with temporary.open("wb") as f:
                 f.write(out)
                 f.flush()
                 os.fchmod(f.fileno(), old.st_mode & 0o7777)
-                with contextlib.suppress(PermissionError):
+                try:
                     os.fchown(f.fileno(), old.st_uid, old.st_gid)
+                except PermissionError:
+                    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                        raise SeqrecError(f"{path} belongs to uid {old.st_uid}, gid {old.st_gid}: compact it as that "
+                                          "user (a file of another owner could no longer be written by the "
+                                          "services)") from None
                 os.fsync(f.fileno())
             os.replace(temporary, path)  # under the lock: the processes that keep the file wait, then move
+            written = False
             folder = os.open(path.parent, os.O_RDONLY)
             try:
                 os.fsync(folder)
@@ -67,9 +79,11 @@ def compact(path: Path | str) -> dict[str, int]:
         finally:
             os.close(fd)  # lets the lock go
     except (OSError, ValueError) as exc:
-        temporary.unlink(missing_ok=True)
         raise SeqrecError(f"{path}: cannot compact the catalogue log ({getattr(exc, 'strerror', None) or exc})"
                           ) from None
+    finally:
+        if written:
+            temporary.unlink(missing_ok=True)
     return _counts(data, out, texts, removed, dropped)
 
 
@@ -84,13 +98,41 @@ def _locked(path: Path) -> int:
         os.close(fd)
 
 
+def _settled(fd: int) -> bytes:
+    """(Under the exclusive lock.) The file's bytes, a last line that is whole but for its newline given it,
+    as a writer would, so that the processes reading the file end where the compaction does."""
+    data = read_at(fd, 0, os.fstat(fd).st_size)
+    tail = data[data.rfind(b"\n") + 1:]
+    if tail.strip():
+        try:
+            json.loads(tail)
+        except ValueError:  # cut short: left out of the compaction, and of every reader's lines
+            return data
+        os.pwrite(fd, b"\n", len(data))
+        os.fsync(fd)
+        data += b"\n"
+    return data
+
+
+def _total(path: Path, folded: bytes) -> int:
+    """The changes ever made to the log whose whole lines are `folded`: those a compacted first line stands
+    for, and every change line after its compacted ones."""
+    first = folded[: folded.find(b"\n") + 1]
+    head = json.loads(first) if first.strip() else {}
+    done = head.get("compacted") if isinstance(head, dict) else None
+    if not isinstance(done, dict):
+        return sum(1 for line in folded.split(b"\n") if line.strip()) - 1  # every line but the catalogue one
+    after = folded[len(first) + int(done["body"]):]
+    return int(done.get("total", done["lines"] - 1)) + sum(1 for line in after.split(b"\n") if line.strip())
+
+
 def _counts(data: bytes, out: bytes, texts: dict[str, Any], removed: dict[str, bool], dropped: int) -> dict[str, int]:
     return {"lines_before": data.count(b"\n") + (not data.endswith(b"\n") and bool(data)),
             "lines_after": out.count(b"\n"), "bytes_before": len(data), "bytes_after": len(out),
             "items": len(texts), "removed": sum(removed.values()), "dropped": dropped}
 
 
-def _compacted(texts: dict[str, tuple[str, str | None, np.ndarray | None]], removed: dict[str, bool]) -> bytes:
+def _compacted(texts: Texts, removed: dict[str, bool]) -> bytes:
     """The changes of a folded log: the items in runs of one encoder (or none), one removal."""
     lines = []
     runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []
@@ -111,10 +153,9 @@ def _compacted(texts: dict[str, tuple[str, str | None, np.ndarray | None]], remo
     return b"".join(lines)
 
 
-def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, dict[str, tuple[str, str | None, np.ndarray | None]],
-                                            dict[str, bool], int]:
-    """A log's changes folded: (its catalogue line, raw id -> (last text, encoder, vector) in the order of first
-    addition, raw id -> whether its last change removed it, 1 if a cut-short last line was left out)."""
+def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, Texts, dict[str, bool], int]:
+    """A log's changes folded: (its catalogue line, `fold`'s texts and removals, 1 if a cut-short last line
+    was left out)."""
     lines = data.split(b"\n")
     dropped = 0
     try:
@@ -122,17 +163,28 @@ def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, dict[str, tup
     except ValueError:  # no newline after it, and not whole: cut short while being written
         lines, dropped = lines[:-1], 1
     head: dict[str, Any] | None = None
-    texts: dict[str, tuple[str, str | None, np.ndarray | None]] = {}
-    removed: dict[str, bool] = {}
+    changes: list[dict[str, Any]] = []
     for _, where, record in read_lines(path, lines, 1):
         if record["op"] == "catalogue":
-            check_head(record, where, first=head is None and not removed)
+            check_head(record, where, first=head is None and not changes)
             head = record
-        elif record["op"] == "remove":
-            removed.update(dict.fromkeys(record["ids"], True))
         else:
-            vectors = record.get("vectors") if "encoder" in record else None  # none of a named encoder: unused
-            for row, (raw_id, text) in enumerate(record["items"].items()):
-                texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
-                removed[raw_id] = False
+            changes.append(record)
+    texts, removed = fold(changes)
     return head, texts, removed, dropped
+
+
+def fold(changes: list[dict[str, Any]]) -> tuple[Texts, dict[str, bool]]:
+    """Changes (read lines) folded: raw id -> (last text, encoder, vector) in the order of first addition, and
+    raw id -> whether its last change removed it."""
+    texts: Texts = {}
+    removed: dict[str, bool] = {}
+    for record in changes:
+        if record["op"] == "remove":
+            removed.update(dict.fromkeys(record["ids"], True))
+            continue
+        vectors = record.get("vectors") if "encoder" in record else None  # none of a named encoder: unused
+        for row, (raw_id, text) in enumerate(record["items"].items()):
+            texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
+            removed[raw_id] = False
+    return texts, removed

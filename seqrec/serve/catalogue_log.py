@@ -43,10 +43,12 @@ naming the file and line, at start, and for a following process the end of follo
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,6 +57,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from seqrec.errors import SeqrecError
+from seqrec.serve.catalogue_compact import fold
 from seqrec.serve.catalogue_file import (
     catalogue_fingerprint,
     check_head,
@@ -97,10 +100,14 @@ class CatalogueLog:
         self._follower: threading.Thread | None = None
         self._pending: list[tuple[int, dict[str, Any]]] = []  # read from a file since replaced, not yet applied
         self.moves = 0  # the compacted files this process moved to
+        self._closed = False  # `close` was called
+        self._log_id: str | None = None  # the log's id (its first line), which its compactions keep
+        self._refold = False  # reading a compacted file from its start: its changes are applied as one state
 
     @property
     def changes(self) -> int:
-        """The changes in the file as this process last read it (its own included)."""
+        """The changes made to the log as far as this process has read it (its own included; a compacted
+        file's lines count as the changes they fold), the same in every process that is up to date."""
         return self._changes
 
     def replay(self, rec: LiveCatalogue, write: bool = True) -> tuple[int, int]:
@@ -109,7 +116,9 @@ class CatalogueLog:
         unless the whole file reads."""
         ids = rec.catalogue.raw_ids
         self._base = {"op": "catalogue", "items": len(ids), "fingerprint": catalogue_fingerprint(ids)}
-        try:
+        with rec.catalogue.lock, self._lock:  # one thread opens the file: a follower and a request may both ask
+            if self._fd is not None or self._closed:
+                return 0, 0
             try:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY, 0o644)
             except FileNotFoundError:
@@ -118,7 +127,7 @@ class CatalogueLog:
                 raise SeqrecError(f"{self.path}: cannot {'write' if write else 'read'} the catalogue log "
                                   f"({exc.strerror})") from None
             self._writable = write
-            with rec.catalogue.lock, self._lock:
+            try:
                 with self._flock(fcntl.LOCK_SH):
                     records, dropped = self._read(fix=False)
                 if write:  # settle a cut-short last line and start a new file with its catalogue line
@@ -126,9 +135,9 @@ class CatalogueLog:
                         more, dropped = self._read(fix=True)
                     records += more
                 self._apply(rec, records)  # the lines read are final: a writer takes back only its own
-        except BaseException:
-            self._close_files()
-            raise
+            except BaseException:
+                self._close_files()
+                raise
         return len(records), dropped
 
     def follow(self, rec: LiveCatalogue, interval_s: float = FOLLOW_INTERVAL_S) -> None:
@@ -151,8 +160,8 @@ class CatalogueLog:
         """Apply the changes other processes appended since this one last read the file -> how many."""
         if self.error is not None:
             return 0
-        if self._fd is None:
-            return self.replay(rec, write=False)[0] if self.path.exists() else 0
+        if self._fd is None:  # not there at start: looked for again (once the log is closed, never)
+            return self.replay(rec, write=False)[0] if self.path.exists() and not self._closed else 0
         with rec.catalogue.lock, self._lock:  # first, another thread's catch-up (read, then applied) ends
             if self._fd is None or (os.fstat(self._fd).st_size == self._seen and not self._replaced()):
                 return 0  # nothing new: the file not locked
@@ -197,6 +206,7 @@ class CatalogueLog:
             self._follower.join(5.0)
         with self._lock:
             self._close_files()
+            self._closed = True
 
     def _close_files(self) -> None:
         if self._fd is not None:
@@ -211,13 +221,13 @@ class CatalogueLog:
         moved to first. `stoppable`: give up (`_Stopped`) once `close` is called."""
         while True:
             self._take(how, stoppable)
-            if not self._replaced():
-                break
             try:
+                if not self._replaced():
+                    break
                 self._move()
-            except BaseException:
+            except BaseException:  # the lock taken is let go (after a move, the new file's: none, harmless)
                 if self._fd is not None:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)  # the file moved to, if any (no lock held: harmless)
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
                 raise
         assert self._fd is not None
         try:
@@ -243,48 +253,61 @@ class CatalogueLog:
         any more: every writer moves first), let it go, and open the one the path names, placed after the
         lines that fold the file left (`_place`)."""
         assert self._fd is not None
-        records, _ = self._read_lines(fix=False)
-        self._pending += records
+        self._pending += self._read_changes(fix=False)[0]
         old = os.fstat(self._fd)
         origin = (old.st_dev, old.st_ino, self._offset)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND if self._writable else os.O_RDONLY)
         except OSError as exc:
-            self._fail(f"{self.path} was removed while this process kept it ({exc.strerror}): restart the service")
+            why = "was removed" if exc.errno == errno.ENOENT else f"cannot be opened again ({exc.strerror})"
+            self._fail(f"{self.path} {why} while this process kept it: restart the service")
         os.close(self._fd)  # lets its lock go; never None meanwhile (a follower would take that for no file yet)
         self._fd = fd
         self._place(origin)
 
     def _place(self, origin: tuple[int, int, int]) -> None:
         """Where to go on reading a file that replaced the one `origin` (device, inode, bytes read) names:
-        after its compacted lines when they fold exactly what this process read; else from its start. (Its
-        first line, written before it took the path, never changes.)"""
+        after its compacted lines when they fold exactly what this process read; else from its start, its
+        changes applied as one state (`_apply_state`). A file that is not a compaction of this log (another
+        log's id, fewer changes than this process read: a backup put back?) stops this process keeping it.
+        (A compacted file's first line, written before it took the path, never changes.)"""
         assert self._fd is not None
         first = read_at(self._fd, 0, 1 << 16)
         first = first[: first.find(b"\n") + 1]
         try:
-            head = json.loads(first) if first else {}
-        except ValueError:
-            head = {}
-        folded = head.get("compacted") if isinstance(head, dict) else None
+            head = json.loads(first)
+            folded = head["compacted"]
+            place = (list(folded["from"]), int(folded["body"]), int(folded["lines"]), int(folded["total"]))
+            ours = head.get("log") == self._log_id
+        except (ValueError, KeyError, TypeError):
+            place, ours = None, False
+        if place is None or not ours or place[3] < self._changes:
+            self._fail(f"{self.path} was replaced by a file that is not a compaction of it: restart the service")
         self.moves += 1
-        if isinstance(folded, dict) and folded.get("from") == list(origin):
-            self._offset = self._seen = len(first) + int(folded["body"])
-            self._lines = int(folded["lines"])
-            self._changes = self._lines - 1
-            self._headed = True
+        if place[0] == list(origin):  # the changes this process read, folded: go on after them
+            self._offset = self._seen = len(first) + place[1]
+            self._lines = place[2]
             return
-        log.info("%s was compacted again (or replaced) since this process read it: applying it from its start, "
-                 "which gives the same catalogue", self.path)
+        log.info("%s was compacted again since this process read it: its state is taken from the new file",
+                 self.path)
         self._offset = self._seen = self._lines = self._changes = 0
-        self._headed = False
+        self._headed, self._refold = False, True
 
     def _read(self, fix: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """(Under the file's lock.) The changes read from a file since replaced, then those after `_offset`
         (`_read_lines`)."""
         pending, self._pending = self._pending, []
-        records, dropped = self._read_lines(fix)
+        records, dropped = self._read_changes(fix)
         return pending + records, dropped
+
+    def _read_changes(self, fix: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """`_read_lines`; a compacted file read from its start (`_place`) as one "state" change."""
+        records, dropped = self._read_lines(fix)
+        if self._refold and records:
+            texts, removed = fold([record for _, record in records])
+            records = [(records[0][0], {"op": "state", "texts": texts, "removed": removed})]
+        self._refold = False
+        return records, dropped
 
     def _read_lines(self, fix: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """(Under the file's lock.) The changes in the lines after `_offset`. A last line without its
@@ -322,7 +345,8 @@ class CatalogueLog:
         self._lines += len(lines)
         self._changes += len(records)
         if fix and self._offset == 0:
-            self._append(line_bytes(self._base))
+            self._log_id = secrets.token_hex(8)  # kept by every compaction: a replaced file must carry it
+            self._append(line_bytes({**self._base, "log": self._log_id}))
             self._offset = self._seen = os.fstat(self._fd).st_size
             self._lines, self._headed = 1, True
         return records, dropped
@@ -348,6 +372,10 @@ class CatalogueLog:
 
     def _check_catalogue(self, record: dict[str, Any], where: str, first: bool) -> None:
         check_head(record, where, first)
+        self._log_id = record.get("log")
+        folded = record.get("compacted")
+        if isinstance(folded, dict):  # its change lines stand for `total` changes: they count as those
+            self._changes += int(folded.get("total", folded["lines"] - 1)) - (int(folded["lines"]) - 1)
         if record["fingerprint"] != self._base["fingerprint"]:
             self._fail(f"{self.path} was written for another catalogue ({record['items']:,} items, fingerprint "
                        f"{record['fingerprint']}; this run's: {self._base['items']:,} items, "
@@ -374,6 +402,10 @@ class CatalogueLog:
         lines: list[int] = []  # the lines of the run
         key = rec.encoder_key() if any(r["op"] == "items" for _, r in records) else None
         for number, record in records:
+            if record["op"] == "state":
+                self._flush(rec, adding, removing, lines)
+                self._apply_state(rec, record)
+                continue
             if record["op"] == "items":
                 self._flush(rec, {}, removing, lines)
                 vectors = record.get("vectors") if record.get("encoder") == key else None
@@ -387,6 +419,29 @@ class CatalogueLog:
                 removing += record["ids"]
             lines.append(number)
         self._flush(rec, adding, removing, lines)
+
+    def _apply_state(self, rec: LiveCatalogue, state: dict[str, Any]) -> None:
+        """A folded file's state over the catalogue (`_place`): only what differs, so that what this process
+        already has stays as it is on the way: items new here (in the file's order: their indices), given
+        another text or live again, then removals. (An item removed here whose text changed meanwhile is
+        live between the two: a catalogue keeps a text only with its item recommendable.)"""
+        key = rec.encoder_key() if state["texts"] else None
+        cat = rec.catalogue
+
+        def differs(raw: str, text: str) -> bool:
+            if raw not in cat.index:
+                return True
+            idx = cat.index[raw]
+            return cat.title(idx) != text or (idx in cat.removed and not state["removed"][raw])
+
+        adding = {raw: (text, vector if encoder == key else None)
+                  for raw, (text, encoder, vector) in state["texts"].items() if differs(raw, text)}
+        if adding:
+            rec.apply_items(adding)
+        removing = [raw for raw, is_removed in state["removed"].items()
+                    if is_removed and rec.catalogue.index[raw] not in rec.catalogue.removed]
+        if removing:
+            rec.apply_removal(removing)
 
     def _flush(self, rec: LiveCatalogue, adding: dict[str, tuple[str, np.ndarray | None]], removing: list[str],
                lines: list[int]) -> None:
