@@ -91,13 +91,19 @@ def test_workers_pool_counts_quantiles_and_own_values(tmp_path: Path) -> None:
     assert abs(quantiles['{route="/recommend",quantile="0.99"}'] - np.quantile(fast, 0.99)) < 2e-6
     assert values(text, "seqrec_request_latency_seconds_count") == {'{route="/recommend"}': 401}
 
-    # a route only the exited worker served keeps its count and sum, with no quantiles
-    record["counts"].append(["GET", "/health", 200, 3])
-    record["seconds"]["/health"] = 0.003
-    path.write_text(json.dumps(record))
+    # its file was added into the exited workers' sum, and removed: a scrape reads one file for all of them
+    assert not path.exists() and (tmp_path / "retired.json").is_file()
+    assert values(one.render(), "seqrec_recommend_batches_total") == {"": 12}  # not counted twice
+
+    # a route only exited workers served keeps its count and sum, with no quantiles
+    record.update(counts=[["GET", "/health", 200, 3]], seconds={"/health": 0.003},
+                  buckets={"/health": [0, 0, 3] + [0] * (len(BUCKETS) - 2)}, own={})
+    path.with_name("worker-gone-2.json").write_text(json.dumps(record))
     text = one.render()
     assert values(text, "seqrec_request_latency_seconds_count")['{route="/health"}'] == 3
+    assert values(text, "seqrec_request_duration_seconds_count")['{route="/health"}'] == 3
     assert '{route="/health",quantile' not in text
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["retired.json", one._file.name]  # type: ignore[union-attr]
     one.close()
 
 
@@ -163,3 +169,23 @@ def test_a_worker_writes_on_its_own_and_when_it_stops(tmp_path: Path) -> None:
     assert values(reader.render(), "seqrec_requests_total") == {'{method="GET",route="/health",status="200"}': 1}
     writer.close()
     assert values(reader.render(), "seqrec_requests_total") == {'{method="GET",route="/health",status="200"}': 2}
+
+
+def test_an_exited_workers_file_added_before_a_stop_is_not_added_twice(tmp_path: Path) -> None:
+    """The sum of exited workers names the files it took in until they are removed: one still there (the process
+    that added it stopped before removing it) is removed, not added again."""
+    from seqrec.serve.metrics import Counted
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    worker = Counted(counts={("GET", "/health", 200): 4}, seconds={"/health": 0.004},
+                     buckets={"/health": [4] + [0] * len(BUCKETS)})
+    (tmp_path / "worker-a.json").write_text(worker.to_json(int(gone.stdout)))
+    retired = Counted(running=False, folded=["worker-a.json"])
+    retired.add(worker)
+    (tmp_path / "retired.json").write_text(retired.to_json(None))
+    reader = Metrics(share=tmp_path)
+    reader.start()
+    total = values(reader.render(), "seqrec_requests_total")
+    assert total['{method="GET",route="/health",status="200"}'] == 4  # from the sum only
+    assert not (tmp_path / "worker-a.json").exists()
+    reader.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import bisect
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,13 @@ class Counted:
     recent: dict[str, np.ndarray] = field(default_factory=dict)
     own: dict[str, float] = field(default_factory=dict)
     running: bool = True
+    folded: list[str] = field(default_factory=list)  # (the exited workers' sum) files added, not yet removed
 
-    def to_json(self, pid: int) -> str:
+    def to_json(self, pid: int | None) -> str:
         return json.dumps({"pid": pid, "counts": [[*key, n] for key, n in self.counts.items()],
                            "seconds": self.seconds, "buckets": self.buckets, "own": self.own,
                            "recent": {r: base64.b64encode(v.astype("<f4").tobytes()).decode()
-                                      for r, v in self.recent.items()}})
+                                      for r, v in self.recent.items()}, "folded": self.folded})
 
     @classmethod
     def from_json(cls, text: str) -> Counted:
@@ -85,7 +87,20 @@ class Counted:
                    buckets={r: _buckets(v) for r, v in raw["buckets"].items()},
                    recent={r: np.frombuffer(base64.b64decode(v), dtype="<f4").astype(np.float64)
                            for r, v in raw["recent"].items()},
-                   own={k: float(v) for k, v in raw["own"].items()}, running=_running(int(raw["pid"])))
+                   own={k: float(v) for k, v in raw["own"].items()},
+                   running=raw["pid"] is not None and _running(int(raw["pid"])), folded=list(raw.get("folded", [])))
+
+    def add(self, other: Counted) -> None:
+        """Fold an exited worker's counts in: its counters and histogram (not its latencies or gauges)."""
+        for key, n in other.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + n
+        for route, sec in other.seconds.items():
+            self.seconds[route] = self.seconds.get(route, 0.0) + sec
+        for route, b in other.buckets.items():
+            self.buckets[route] = [x + y for x, y in zip(self.buckets.get(route, [0] * len(b)), b, strict=True)]
+        for name, value in other.own.items():
+            if name.endswith("_total"):
+                self.own[name] = self.own.get(name, 0.0) + value
 
 
 def _buckets(counts: list[Any]) -> list[int]:
@@ -195,17 +210,51 @@ class Metrics:
                 last = time.monotonic()
 
     def _others(self) -> list[Counted]:
+        """The other workers' last counts; those of workers that have exited are added into one file of
+        their sum (so that deploys, each replacing every worker, do not leave a file per worker to read at
+        every scrape), under the folder's lock so that no scrape sees a worker both in the sum and apart."""
         if self.share is None:
             return []
-        out = []
-        for path in sorted(self.share.glob("worker-*.json")):
-            if path == self._file:
-                continue
-            try:
-                out.append(Counted.from_json(path.read_text()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:  # removed meanwhile, or not ours
-                log.debug("metrics: skipped %s: %s", path, exc)
-        return out
+        running, exited, leftover = [], [], []
+        with self._folder_lock():
+            retired_path = self.share / "retired.json"
+            retired = Counted(running=False)
+            with contextlib.suppress(FileNotFoundError):
+                retired = Counted.from_json(retired_path.read_text())
+            for path in sorted(self.share.glob("worker-*.json")):
+                if path == self._file:
+                    continue
+                try:
+                    part = Counted.from_json(path.read_text())
+                except (OSError, ValueError, KeyError, TypeError) as exc:  # removed meanwhile, or not ours
+                    log.debug("metrics: skipped %s: %s", path, exc)
+                    continue
+                if part.running:
+                    running.append(part)
+                elif path.name in retired.folded:  # in the sum already (a stop came before its removal)
+                    leftover.append(path)
+                else:
+                    exited.append((path, part))
+            if exited or retired.folded:
+                for _, part in exited:
+                    retired.add(part)
+                retired.folded = [path.name for path, _ in exited]
+                tmp = retired_path.with_suffix(".tmp")
+                tmp.write_text(retired.to_json(None))
+                os.replace(tmp, retired_path)
+                for path in [path for path, _ in exited] + leftover:
+                    path.unlink(missing_ok=True)
+        return running + ([retired] if retired.counts or retired.own else [])
+
+    @contextlib.contextmanager
+    def _folder_lock(self) -> Iterator[None]:
+        assert self.share is not None
+        fd = os.open(self.share / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def render(self) -> str:
         """Prometheus text exposition of this process's counts, and with a shared folder those of the
