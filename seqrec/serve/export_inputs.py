@@ -17,7 +17,7 @@ TEXT_ITEMS = (
     "encoder named here (its settings, no normalisation), run adaptor.onnx on the vectors, append its "
     "item_inputs rows to item_inputs (the encoder's input) and its item_vectors rows to item_vectors; the new "
     "items take the next indices N+1, N+2, ... in items and in the scores. The encoder's precision is how "
-    "the run computes text (auto: bfloat16 where the CPU has it); float32 gives the same vectors within 1e-4 "
+    "the run computes text (auto: bfloat16 where the CPU has it); float32 gives the same vectors within 1e-3 "
     "cosine. Rows are appended, not replaced: when item_ids is true (a transductive model), a trained item's "
     "row also holds its ID vector, which adaptor.onnx does not give (seqrec's Recommender re-texts known items)."
 )
