@@ -188,6 +188,22 @@ def headline(link: str = "docs/results.md") -> list[str]:
                              f"{live['add_failures'] + load_['failed']} failed; /recommend "
                              f"{load_['requests_per_s']:.0f} requests/s, p50 {load_['p50_ms']:.1f} ms, "
                              f"p99 {load_['p99_ms']:.1f} ms", DASH])
+    deploy = load("serve_deploy.json")
+    if deploy:
+        r, load_ = deploy["result"], deploy["result"]["load"]
+        rows.append([f"`seqrec serve --workers {r['workers']}`: a new run deployed under load (link switched, SIGHUP)",
+                     f"{deploy['n_items']:,} items", "concurrency 8",
+                     f"{load_['error_answers'] + load_['failed_after_retry']} failed of {load_['requests']:,} "
+                     f"({load_['closed_before_answer_retried']} retried on a new connection); all workers on the "
+                     f"new run after {r['switched_after_s']:.1f} s", DASH])
+    compaction = load("serve_compaction.json")
+    if compaction:
+        r = compaction["result"]
+        rows.append([f"`seqrec compact-log` every {r['every_s']:g} s while 2 workers take "
+                     f"{r['added']:,} items by text under load", f"{compaction['n_items']:,} items", "concurrency 8",
+                     f"{r['add_failures'] + r['load_during_adds']['failed']} failed; {r['compactions']} compactions, "
+                     f"each holding the log {r['compaction_ms_p50']:.0f} ms (median); "
+                     f"{r['replay']['items_added_found']:,} of {r['added']:,} items in the replayed log", DASH])
     defaults = [r for r in (load("defaults.json") or {}).get("rows", []) if "meets_goal" in r]
     if defaults:
         met = sum(r["meets_goal"] for r in defaults)
