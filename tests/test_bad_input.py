@@ -329,7 +329,12 @@ SERVE = [
     case("serve-store-folder-missing", "serve {sasrec} --session-store {tmp}/nowhere/s.sqlite", "nowhere"),
     case("serve-store-not-sqlite", "serve {sasrec} --workers 2 --port 8765 --session-store {tmp}/s.sqlite",
          "s.sqlite", text_file("s.sqlite", "not a database, a text file of some length " * 40)),
+    case("serve-ready-timeout-one-worker", "serve {sasrec} --ready-timeout 30", "--ready-timeout is for --workers"),
+    case("serve-ready-timeout-zero", "serve {sasrec} --workers 2 --ready-timeout 0", "--ready-timeout"),
     case("compact-log-missing", "compact-log {tmp}/nowhere.jsonl", "no such catalogue log"),
+    case("compact-log-folder", "compact-log {tmp}", "not a regular file"),
+    case("compact-log-no-first-line", "compact-log {tmp}/log.jsonl", "no catalogue line at its start",
+         text_file("log.jsonl", '{"op": "remove", "ids": ["i1"]}\n')),
     case("compact-log-bad-line", "compact-log {tmp}/log.jsonl", "log.jsonl:2: not a catalogue change",
          text_file("log.jsonl", '{"op": "remove", "ids": ["i1"]}\n{"op": "rename"}\n')),
 ]

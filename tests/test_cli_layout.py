@@ -83,4 +83,5 @@ def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, monkeyp
     assert exit_.value.code == 3
     gone = tmp_path / "gone"
     assert [r.getMessage() for r in caplog.records] == [
-        f"a worker could not start: {gone}: no checkpoint found (expected {gone / 'model.json'})"]
+        "a worker could not start (uvicorn then says it was not ready in time): "
+        f"{gone}: no checkpoint found (expected {gone / 'model.json'})"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import logging
@@ -15,6 +16,7 @@ from pathlib import Path
 from seqrec.errors import SeqrecError
 
 ENV = "SEQREC_SERVE_OPTIONS"  # how `--workers N` hands the options to each worker process
+READY_TIMEOUT = 300  # seconds a worker replaced on SIGHUP may take to answer (--ready-timeout)
 
 
 def build_app(options: dict) -> object:
@@ -28,14 +30,20 @@ def build_app(options: dict) -> object:
 
     if options.get("threads"):
         torch.set_num_threads(int(options["threads"]))
+    with contextlib.suppress(ImportError):  # its weight-loading bar drew itself into the service's log
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"],
                                engine=options.get("engine", "auto"))
     rec.text_encoder()  # text models: the encoder is ready before the first new item
     one = int(options.get("workers", 1)) == 1
     if options.get("catalogue_log"):  # every worker writes its changes there and follows the others'
         replayed, dropped = rec.keep_log(options["catalogue_log"], follow=True)
-        logging.getLogger("seqrec.serve").info("catalogue log %s: %d change(s) replayed%s", options["catalogue_log"],
-                                               replayed, ", a cut-short last line dropped" if dropped else "")
+        changes = rec.catalogue_log.changes if rec.catalogue_log is not None else 0
+        logging.getLogger("seqrec.serve").info(
+            "catalogue log %s: %d line(s) replayed, %d change(s) made to it so far%s", options["catalogue_log"],
+            replayed, changes, ", a cut-short last line dropped" if dropped else "")
     return create_app(rec, max_sessions=options["max_sessions"], session_events=options["session_events"],
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
                       session_store=options.get("session_store"), metrics_folder=options.get("metrics_folder"),
@@ -47,11 +55,15 @@ def app_from_env() -> object:
     """uvicorn's factory in each worker process of `seqrec serve --workers N`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)  # it logs its loader choice at INFO on import
+    log = logging.getLogger("seqrec.serve")
     try:
-        return build_app(json.loads(os.environ[ENV]))
+        app = build_app(json.loads(os.environ[ENV]))
     except SeqrecError as exc:  # one line, not a traceback; on a SIGHUP the old workers keep serving
-        logging.getLogger("seqrec.serve").error("a worker could not start: %s", exc)
+        log.error("a worker could not start (uvicorn then says it was not ready in time): %s", exc)
         raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
+    rec = app.state.recommender  # type: ignore[attr-defined]
+    log.info("worker %d serves %s (checkpoint %s)", os.getpid(), rec.run, rec.version)  # a deploy's progress
+    return app
 
 
 def _zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
@@ -93,9 +105,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 0),
                                ("--max-sessions", args.max_sessions, 1), ("--session-events", args.session_events, 1),
                                ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, 1),
-                               ("--ready-timeout", args.ready_timeout, 1)):
+                               ("--ready-timeout", READY_TIMEOUT if args.ready_timeout is None else args.ready_timeout,
+                                1)):
         if value < least:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
+    if args.ready_timeout is not None and args.workers == 1:
+        raise SeqrecError("--ready-timeout is for --workers > 1 (one process has no workers to replace: a deploy "
+                          "there is a restart)")
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
         raise SeqrecError(f"--session-ttl must be a finite number of seconds > 0, got {args.session_ttl}")
     for flag, path in (("--catalogue-log", args.catalogue_log), ("--session-store", args.session_store)):
@@ -114,7 +130,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                "session_store": str(Path(args.session_store).resolve()) if args.session_store else None}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     _check_port(args.host, args.port)
-    print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)", flush=True)
+    print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)"
+          + (f"; main process {os.getpid()} (SIGHUP: replace the workers, loading {run} again)"
+             if args.workers > 1 else ""), flush=True)
     if args.workers == 1:
         app = build_app(options)
         uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
@@ -128,7 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning",
-                    timeout_worker_healthcheck=args.ready_timeout)
+                    timeout_worker_healthcheck=READY_TIMEOUT if args.ready_timeout is None else args.ready_timeout)
     return 0
 
 
@@ -189,12 +207,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="worker processes; with more than one, they share the sessions through a session store "
                         "(--session-store, or a temporary file) and the catalogue changes only through "
                         "--catalogue-log, which they share too")
-    s.add_argument("--ready-timeout", type=int, default=300, metavar="S",
-                   help="with --workers > 1: seconds a worker may take to load and start answering; on SIGHUP "
-                        "the workers are replaced one by one, each new one (loading RUN again: a link switched "
-                        "to another run deploys that run) serving before the old one stops; one not ready in "
-                        "time is given up and the old ones kept. It also bounds how long a worker may hang "
-                        "before it is restarted")
+    s.add_argument("--ready-timeout", type=int, default=None, metavar="S",
+                   help="with --workers > 1 (default 300): on SIGHUP the workers are replaced one by one, each "
+                        "new one (loading RUN again: a link switched to another run deploys that run) serving "
+                        "before the old one stops; a new worker not answering within S seconds is given up and "
+                        "the old ones kept. The first workers have no limit. It also bounds how long a worker "
+                        "may hang before it is restarted")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",

@@ -97,7 +97,7 @@ class RemoveResponse(BaseModel):
 class ItemsResponse(BaseModel):
     added: list[str]
     replaced: list[str]
-    n_items: int
+    n_items: int  # the recommendable items (removed ones not counted), as in /health
 
 
 class ItemInfo(BaseModel):
@@ -254,7 +254,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         if len(texts) != len(req.items):
             raise SeqrecError("the same item id is given more than once")
         added, replaced = rec.add_items(texts)
-        return ItemsResponse(added=added, replaced=replaced, n_items=rec.n_items)
+        return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
 
     @app.post("/items/remove", response_model=RemoveResponse)
     def remove_items(req: RemoveRequest) -> RemoveResponse:

@@ -35,8 +35,10 @@ def compact(path: Path | str) -> dict[str, int]:
     cut-short last line is dropped. The new file keeps the old one's mode and owner (a compaction that
     cannot keep the owner is refused: the services could no longer write it). -> counts before and after."""
     path = Path(path).resolve()
-    if not path.is_file():
+    if not path.exists():
         raise SeqrecError(f"{path}: no such catalogue log")
+    if not path.is_file():
+        raise SeqrecError(f"{path}: not a catalogue log (not a regular file)")
     temporary = path.with_name(path.name + ".compacting")
     written = False  # the temporary file is this compaction's (another's is never removed)
     try:
@@ -50,6 +52,8 @@ def compact(path: Path | str) -> dict[str, int]:
                                       "their catalogue): it cannot be compacted")
                 return _counts(data, data, texts, removed, dropped)  # nothing written yet
             folded = data[: data.rfind(b"\n") + 1]  # whole lines: a cut-short last one is left out
+            if _already_compact(data):  # a new file would say the same: the processes need not move
+                return _counts(data, data, texts, removed, dropped)
             old = os.fstat(fd)
             body = _compacted(texts, removed)
             head = {k: v for k, v in head.items() if k != "compacted"} | {"compacted": {
@@ -124,6 +128,16 @@ def _total(path: Path, folded: bytes) -> int:
         return sum(1 for line in folded.split(b"\n") if line.strip()) - 1  # every line but the catalogue one
     after = folded[len(first) + int(done["body"]):]
     return int(done.get("total", done["lines"] - 1)) + sum(1 for line in after.split(b"\n") if line.strip())
+
+
+def _already_compact(data: bytes) -> bool:
+    """A compacted file with nothing appended after its compacted lines."""
+    first = data[: data.find(b"\n") + 1]
+    try:
+        done = json.loads(first)["compacted"]
+        return len(data) == len(first) + int(done["body"])
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _counts(data: bytes, out: bytes, texts: dict[str, Any], removed: dict[str, bool], dropped: int) -> dict[str, int]:

@@ -179,7 +179,8 @@ class CatalogueLog:
         made in part)."""
         with self._lock:
             if self.error is not None:
-                raise CatalogueLogBroken(f"{self.error}; restart the service")
+                raise CatalogueLogBroken(self.error if self.error.endswith("restart the service")
+                                         else f"{self.error}; restart the service")
             if self._fd is None or not self._writable:
                 raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
             with self._flock(fcntl.LOCK_EX):
