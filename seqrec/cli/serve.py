@@ -102,11 +102,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SeqrecError(f"--host {args.host} is not a loopback address; add --public to serve other machines")
     if not 1 <= args.port <= 65535:
         raise SeqrecError(f"--port must be in 1..65535, got {args.port}")
+    ready = READY_TIMEOUT if args.ready_timeout is None else args.ready_timeout
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 0),
                                ("--max-sessions", args.max_sessions, 1), ("--session-events", args.session_events, 1),
                                ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, 1),
-                               ("--ready-timeout", READY_TIMEOUT if args.ready_timeout is None else args.ready_timeout,
-                                1)):
+                               ("--ready-timeout", ready, 1)):
         if value < least:
             raise SeqrecError(f"{flag} must be >= {least}, got {value}")
     if args.ready_timeout is not None and args.workers == 1:
@@ -146,7 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, access_log=False, log_level="warning",
-                    timeout_worker_healthcheck=READY_TIMEOUT if args.ready_timeout is None else args.ready_timeout)
+                    timeout_worker_healthcheck=ready)
     return 0
 
 

@@ -25,13 +25,13 @@ items. An "items" line carries its texts through the frozen text encoder (`vecto
 float32, base64, one row per item; `encoder` names the encoder and its settings), so replaying it or
 taking it from another process runs only the model's adaptor, not the text encoder, on the vectors the
 writer had. A line without them (older logs) or from another encoder has its texts encoded again.
-A run of "items" lines is applied as one batch, a run of "remove" lines as one removal.
 
 A compaction (`seqrec compact-log FILE`, `seqrec.serve.catalogue_compact`) rewrites the file as the fewest
 lines that replay to the same catalogue and puts the new file in its place while processes keep it: a
 process that finds its file replaced when it takes the lock reads the old one to its end and goes on in
-the new one after the lines that fold the old (or, compacted twice meanwhile, applies the new one from
-its start, which gives the same catalogue).
+the new one after the lines that fold the old (or, compacted twice meanwhile, takes what differs from the
+new one's state: `seqrec.serve.catalogue_apply`); a file in its place that is not a compaction of it
+ends the process's keeping it.
 
 A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
 warning by the next writer, and one whole but for its newline is given it; a bad line anywhere else, or a
@@ -54,9 +54,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import numpy as np
-
 from seqrec.errors import SeqrecError
+from seqrec.serve.catalogue_apply import apply_changes
 from seqrec.serve.catalogue_compact import fold
 from seqrec.serve.catalogue_file import (
     catalogue_fingerprint,
@@ -269,7 +268,7 @@ class CatalogueLog:
     def _place(self, origin: tuple[int, int, int]) -> None:
         """Where to go on reading a file that replaced the one `origin` (device, inode, bytes read) names:
         after its compacted lines when they fold exactly what this process read; else from its start, its
-        changes applied as one state (`_apply_state`). A file that is not a compaction of this log (another
+        changes applied as one state (`catalogue_apply`). A file that is not a compaction of this log (another
         log's id, fewer changes than this process read: a backup put back?) stops this process keeping it.
         (A compacted file's first line, written before it took the path, never changes.)"""
         assert self._fd is not None
@@ -392,74 +391,10 @@ class CatalogueLog:
         if not records:
             return
         try:
-            self._apply_runs(rec, records)
+            apply_changes(self.path, rec, records)
         except Exception as exc:  # applied in part: this process's catalogue no longer follows the file
             self.error = self.error or f"{self.path}: cannot apply its changes ({exc})"
             raise
-
-    def _apply_runs(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
-        adding: dict[str, tuple[str, np.ndarray | None]] = {}  # a run of "items" lines, one batch
-        removing: list[str] = []  # a run of "remove" lines, one removal
-        lines: list[int] = []  # the lines of the run
-        key = rec.encoder_key() if any(r["op"] == "items" for _, r in records) else None
-        for number, record in records:
-            if record["op"] == "state":
-                self._flush(rec, adding, removing, lines)
-                self._apply_state(rec, record)
-                continue
-            if record["op"] == "items":
-                self._flush(rec, {}, removing, lines)
-                vectors = record.get("vectors") if record.get("encoder") == key else None
-                for row, (raw, text) in enumerate(record["items"].items()):  # a later text of an id wins
-                    adding[raw] = (text, None if vectors is None else vectors[row])
-            else:
-                self._flush(rec, adding, [], lines)  # every item added before this line is known from here on
-                unknown = [i for i in record["ids"] if i not in rec.catalogue.index]
-                if unknown:
-                    raise SeqrecError(f"{self.path}:{number}: unknown item id(s) {', '.join(map(repr, unknown[:5]))}")
-                removing += record["ids"]
-            lines.append(number)
-        self._flush(rec, adding, removing, lines)
-
-    def _apply_state(self, rec: LiveCatalogue, state: dict[str, Any]) -> None:
-        """A folded file's state over the catalogue (`_place`): only what differs, so that what this process
-        already has stays as it is on the way: items new here (in the file's order: their indices), given
-        another text or live again, then removals. (An item removed here whose text changed meanwhile is
-        live between the two: a catalogue keeps a text only with its item recommendable.)"""
-        key = rec.encoder_key() if state["texts"] else None
-        cat = rec.catalogue
-
-        def differs(raw: str, text: str) -> bool:
-            if raw not in cat.index:
-                return True
-            idx = cat.index[raw]
-            return cat.title(idx) != text or (idx in cat.removed and not state["removed"][raw])
-
-        adding = {raw: (text, vector if encoder == key else None)
-                  for raw, (text, encoder, vector) in state["texts"].items() if differs(raw, text)}
-        if adding:
-            rec.apply_items(adding)
-        removing = [raw for raw, is_removed in state["removed"].items()
-                    if is_removed and rec.catalogue.index[raw] not in rec.catalogue.removed]
-        if removing:
-            rec.apply_removal(removing)
-
-    def _flush(self, rec: LiveCatalogue, adding: dict[str, tuple[str, np.ndarray | None]], removing: list[str],
-               lines: list[int]) -> None:
-        """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
-        if not (adding or removing):
-            return
-        try:
-            if adding:
-                rec.apply_items(adding)
-            if removing:
-                rec.apply_removal(removing)
-        except SeqrecError as exc:
-            where = f"{lines[0]}" if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
-            raise SeqrecError(f"{self.path}:{where}: {exc}") from None
-        adding.clear()
-        removing.clear()
-        lines.clear()
 
     def _append(self, line: bytes) -> int:
         """Write one line (on the disk when this returns) -> where it starts."""
