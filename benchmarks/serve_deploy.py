@@ -8,8 +8,17 @@ closed under them, and so does this one: a request failed only if its retry fail
 SIGHUP until 10 answers in a row, each on a new connection, come from run B (its version in /health);
 and that the service's answers are then run B's (`Recommender.recommend` on the same histories).
 
+With --catalogue, run B was trained again with more items, and the live catalogue must survive the deploy:
+both runs are UniSRec served with --catalogue-log; besides the /recommend load, a client adds items by text
+one after another throughout (a 503 is retried after its Retry-After). Before the switch, `seqrec carry-log
+LOG --to B` carries the log over to run B's catalogue; from then until they are replaced, run A's workers
+refuse changes (503). Measured besides: additions refused and how long (seconds from the carry's start),
+additions failed, and after the deploy, each item whose addition was answered looked up in the service,
+the removals kept, and run B's own texts kept for the items it knows that run A had been given by text.
+
     python benchmarks/serve_deploy.py            # -> benchmarks/results/serve_deploy.json
-    python benchmarks/serve_deploy.py --tiny     # seconds; what the test suite runs
+    python benchmarks/serve_deploy.py --catalogue   # -> benchmarks/results/serve_deploy_catalogue.json
+    python benchmarks/serve_deploy.py --tiny [--catalogue]   # seconds; what the test suite runs
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, WORK, machine, write_result
 from benchmarks.loadgen import call, read_response, request_bytes
-from benchmarks.serve_load import Server, build_sasrec, histories
+from benchmarks.serve_load import Server, build_sasrec, build_unisrec, histories, real_titles
 from seqrec.serve import Recommender
 
 
@@ -100,6 +109,26 @@ def _workers(pid: int) -> set[int]:
     return out
 
 
+async def _switch(server: Server, link: Path, run_b: Path, new: str, cap_s: float) -> tuple[float | None, set[int]]:
+    """Switch the link to run B and send SIGHUP -> (seconds until every old worker is gone and 10 answers in a
+    row, each on a new connection, come from run B, or None past `cap_s`; the old workers)."""
+    old_pids = _workers(server.proc.pid)  # the workers serving run A
+    tmp = link.with_name(link.name + ".new")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_b.name)
+    os.replace(tmp, link)  # the link switched in one step
+    t_hup = time.perf_counter()
+    os.kill(server.proc.pid, signal.SIGHUP)
+    streak = 0
+    while time.perf_counter() - t_hup < cap_s:
+        streak = streak + 1 if (await _health(server.port)).get("version") == new else 0
+        now = _workers(server.proc.pid)
+        if streak >= 10 and len(now) == len(old_pids) and not now & old_pids:
+            return time.perf_counter() - t_hup, old_pids
+        await asyncio.sleep(0.05)
+    return None, old_pids
+
+
 async def _deploy(server: Server, link: Path, run_b: Path, old: str, new: str, n_items: int,
                   before_s: float, cap_s: float) -> dict[str, Any]:
     load = Load(server.port, [request_bytes("POST", "/recommend", {"history": h, "k": 10})
@@ -108,21 +137,7 @@ async def _deploy(server: Server, link: Path, run_b: Path, old: str, new: str, n
     task = asyncio.create_task(load.run(8))
     await asyncio.sleep(before_s)
     assert {(await _health(server.port)).get("version") for _ in range(20)} == {old}
-    old_pids = _workers(server.proc.pid)  # the workers serving run A
-    tmp = link.with_name(link.name + ".new")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(run_b.name)
-    os.replace(tmp, link)  # the link switched in one step
-    t_hup = time.perf_counter()
-    os.kill(server.proc.pid, signal.SIGHUP)
-    streak, switched_s = 0, None
-    while time.perf_counter() - t_hup < cap_s:  # every old worker gone, and 10 answers in a row from run B
-        streak = streak + 1 if (await _health(server.port)).get("version") == new else 0
-        now = _workers(server.proc.pid)
-        if streak >= 10 and len(now) == len(old_pids) and not now & old_pids:
-            switched_s = time.perf_counter() - t_hup
-            break
-        await asyncio.sleep(0.05)
+    switched_s, old_pids = await _switch(server, link, run_b, new, cap_s)
     await asyncio.sleep(before_s)  # the new workers under the same load
     load.stop = True
     await task
@@ -160,15 +175,112 @@ def bench(n_items: int, before_s: float, cap_s: float) -> dict[str, Any]:
     return out
 
 
+class Adder:
+    """POST /items one new item at a time, each on a new connection (so to whichever worker takes it), until
+    stopped; an item refused with 503 is sent again after its Retry-After, as a client would."""
+
+    def __init__(self, port: int, titles: list[str]) -> None:
+        self.port, self.titles = port, titles
+        self.added: list[str] = []
+        self.refused: list[float] = []  # when each 503 came
+        self.failed = 0
+        self.stop = False
+
+    async def run(self) -> None:
+        j = 0
+        while not self.stop:
+            item = {"id": f"new{j}", "text": self.titles[j % len(self.titles)]}
+            status, _ = await call("127.0.0.1", self.port, "POST", "/items", {"items": [item]})
+            if status == 503:
+                self.refused.append(time.perf_counter())
+                await asyncio.sleep(1.0)  # the Retry-After the service sends
+                continue
+            if status == 200:
+                self.added.append(item["id"])
+            else:
+                self.failed += 1
+            j += 1
+            await asyncio.sleep(0.02)
+
+
+async def _deploy_catalogue(server: Server, journal: Path, link: Path, run_b: Path, old: str, new: str,
+                            n_items: int, titles: list[str], before_s: float, cap_s: float) -> dict[str, Any]:
+    load = Load(server.port, [request_bytes("POST", "/recommend", {"history": h, "k": 10})
+                              for h in histories(500, n_items, 2)])
+    adder = Adder(server.port, titles)
+    t_start = time.perf_counter()
+    tasks = [asyncio.create_task(load.run(8)), asyncio.create_task(adder.run())]
+    for j in range(1, 6):  # items run B was trained with, added to run A by text; two of both runs' removed
+        await call("127.0.0.1", server.port, "POST", "/items", {"items": [{"id": f"i{n_items + j}", "text": "old"}]})
+    for raw in ("i7", "i8"):
+        await call("127.0.0.1", server.port, "DELETE", f"/items/{raw}")
+    await asyncio.sleep(before_s)
+    assert {(await _health(server.port)).get("version") for _ in range(20)} == {old}
+    t0 = time.perf_counter()
+    carried = await asyncio.create_subprocess_exec(sys.executable, "-m", "seqrec.cli", "carry-log", str(journal),
+                                                   "--to", str(run_b), stdout=asyncio.subprocess.PIPE)
+    said, _ = await carried.communicate()
+    carry_s = time.perf_counter() - t0
+    switched_s, old_pids = await _switch(server, link, run_b, new, cap_s)
+    await asyncio.sleep(before_s)  # the new workers under the same load
+    load.stop = adder.stop = True
+    await asyncio.gather(*tasks)
+    refused = [t - t0 for t in adder.refused]  # from the start of the carry
+    found = 0
+    for raw in adder.added:  # each item whose POST was answered is in the new run's catalogue
+        status, info = await call("127.0.0.1", server.port, "GET", f"/items/{raw}")
+        found += status == 200 and bool(info["recommendable"])  # type: ignore[index]
+    own = [(await call("127.0.0.1", server.port, "GET", f"/items/i{n_items + j}"))[1] for j in range(1, 6)]
+    gone = [(await call("127.0.0.1", server.port, "GET", f"/items/{raw}"))[1] for raw in ("i7", "i8")]
+    return {"carry_exit": carried.returncode, "carry_said": said.decode().strip(), "carry_s": carry_s,
+            "switched_after_s": switched_s, "old_workers": len(old_pids),
+            "items_added": len(adder.added), "items_added_found_after": found, "add_failures": adder.failed,
+            "adds_refused_503": len(refused), "refused_from_s": min(refused, default=None),
+            "refused_until_s": max(refused, default=None),
+            "own_texts_kept": sum(i["title"] != "old" for i in own),  # type: ignore[index]
+            "removed_kept": sum(not g["recommendable"] for g in gone),  # type: ignore[index]
+            "load": load.summary(time.perf_counter() - t_start)}
+
+
+def bench_catalogue(n_items: int, n_new: int, before_s: float, cap_s: float) -> dict[str, Any]:
+    """Run B trained again with `n_new` more items: the catalogue log carried over to it before the switch."""
+    work = WORK / "serve" / "deploy-catalogue"
+    titles = real_titles(50 if n_items < 10_000 else 1_000)
+    run_a, run_b, link = work / f"run-a-{n_items}", work / f"run-b-{n_items}", work / "current"
+    build_unisrec(run_a, n_items, titles)
+    build_unisrec(run_b, n_items + n_new, titles)
+    link.unlink(missing_ok=True)
+    link.symlink_to(run_a.name)
+    journal = work / "catalogue.jsonl"
+    journal.unlink(missing_ok=True)
+    versions = [str(Recommender.from_run(r).version) for r in (run_a, run_b)]
+    server = Server(link, work / "deploy.log", index="exact", engine="torch", workers=2, catalogue_log=journal,
+                    ready_timeout=int(cap_s))
+    try:
+        out = asyncio.run(_deploy_catalogue(server, journal, link, run_b, *versions, n_items, titles, before_s,
+                                            cap_s))
+    finally:
+        server.stop()
+    out.update({"workers": 2, "n_items_b": n_items + n_new, "start_s": server.start_s})
+    print(out, flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a 2,000-item catalogue (seconds)")
-    p.add_argument("--out", type=Path, help="results file (default benchmarks/results/serve_deploy[_tiny].json)")
+    p.add_argument("--catalogue", action="store_true",
+                   help="UniSRec with a catalogue log; run B knows 1,000 more items (tiny: 100); items are added "
+                        "by text throughout and the log is carried over to run B (seqrec carry-log) before the switch")
+    p.add_argument("--out", type=Path, help="results file (default benchmarks/results/serve_deploy[_catalogue]"
+                                            "[_tiny].json)")
     args = p.parse_args()
     n_items, before = (2_000, 2.0) if args.tiny else (100_000, 10.0)
-    out = args.out or RESULTS / ("serve_deploy_tiny.json" if args.tiny else "serve_deploy.json")
-    write_result(out, {"machine": machine(), "n_items": n_items, "tiny": args.tiny,
-                       "result": bench(n_items, before, 300.0)})
+    name = "serve_deploy" + ("_catalogue" if args.catalogue else "") + ("_tiny" if args.tiny else "")
+    out = args.out or RESULTS / f"{name}.json"
+    result = (bench_catalogue(n_items, 100 if args.tiny else 1_000, before, 300.0) if args.catalogue
+              else bench(n_items, before, 300.0))
+    write_result(out, {"machine": machine(), "n_items": n_items, "tiny": args.tiny, "result": result})
     print(f"-> {out}")
 
 

@@ -19,10 +19,11 @@ TINY = ["--set", "model.d=16", "--set", "data.max_len=8", "--set", "train.progre
         "--set", "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.d_ff=32"]
 
 
-def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec"), extra: tuple[str, ...] = ()
-                    ) -> dict[str, Path]:
-    """Train the named tiny runs under `root` (`extra`: more arguments for each); returns name -> run folder."""
-    data = prepare(synthetic_log(), PrepareOptions(), root / "data").path
+def train_tiny_runs(root: Path, names: tuple[str, ...] = ("sasrec", "unisrec"), extra: tuple[str, ...] = (),
+                    n_items: int = 30) -> dict[str, Path]:
+    """Train the named tiny runs under `root` (`extra`: more arguments for each) on the generated log of
+    `n_items` items (i0, i1, ...); returns name -> run folder."""
+    data = prepare(synthetic_log(n_items=n_items), PrepareOptions(), root / "data").path
     specs = {
         "sasrec": ["--model", "sasrec", "--set", 'model.positions_from="start"', "--set", "model.history_bias=true",
                    "--set", "train.epochs=5"],

@@ -119,6 +119,9 @@ def dataset_copy(damage: Callable[[Path], None]) -> Prep:
     return prep
 
 
+OTHER_HEAD = '{"op": "catalogue", "items": 3, "fingerprint": "0123456789abcdef0123", "log": "x"}\n'
+
+
 def case(id: str, argv: str, needle: str, prep: Prep | None = None) -> object:
     return pytest.param(argv, needle, prep, id=id)
 
@@ -337,6 +340,13 @@ SERVE = [
          text_file("log.jsonl", '{"op": "remove", "ids": ["i1"]}\n')),
     case("compact-log-bad-line", "compact-log {tmp}/log.jsonl", "log.jsonl:2: not a catalogue change",
          text_file("log.jsonl", '{"op": "remove", "ids": ["i1"]}\n{"op": "rename"}\n')),
+    case("carry-log-missing", "carry-log {tmp}/nowhere.jsonl --to {unisrec}", "no such catalogue log"),
+    case("carry-log-no-run", "carry-log {tmp}/log.jsonl --to {tmp}/nowhere", "no such run folder",
+         text_file("log.jsonl", OTHER_HEAD)),
+    case("carry-log-texts-to-id-model", "carry-log {tmp}/log.jsonl --to {sasrec}", "cannot be carried",
+         text_file("log.jsonl", OTHER_HEAD + '{"op": "items", "items": {"x": "a new item"}}\n')),
+    case("carry-log-out-exists", "carry-log {tmp}/log.jsonl --to {unisrec} --out {tmp}/log.jsonl", "exists",
+         text_file("log.jsonl", OTHER_HEAD)),
 ]
 
 ENC = "text encode syn --encoder {enc} --no-progress"

@@ -160,6 +160,25 @@ def cmd_compact_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_carry_log(args: argparse.Namespace) -> int:
+    from seqrec.serve import Recommender
+    from seqrec.serve.catalogue_carry import carry
+
+    run = Path(args.to)
+    if not run.exists():
+        raise SeqrecError(f"{run}: no such run folder")
+    rec = Recommender.from_run(_zero_shot_run(run, args.dataset, "cpu"))
+    n = carry(args.log, rec.catalogue.raw_ids, str(rec.run), rec.version, rec.no_new_text, args.out)
+    if n["already"]:
+        print(f"{args.log} is already the catalogue log of {run}'s catalogue: left as it is")
+        return 0
+    print(f"{args.out or args.log}: the catalogue log of {run} ({len(rec.catalogue.raw_ids):,} items), carrying "
+          f"{n['items']:,} item(s) added by text and {n['removed']:,} removal(s); not carried: "
+          f"{n['texts_known']:,} text(s) of items the run knows (it keeps its own), {n['removed_unknown']:,} "
+          "removal(s) of items it does not know")
+    return 0
+
+
 def _check_port(host: str, port: int) -> None:
     """A port another process listens on is a one-line error before the run is loaded, not uvicorn's later."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -239,6 +258,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                            "that replay to the same catalogue, services keeping it or not")
     c.add_argument("log", metavar="FILE", help="the catalogue log (what serve --catalogue-log was given)")
     c.set_defaults(fn=cmd_compact_log)
+    c = sub.add_parser("carry-log", help="carry a catalogue log over to another run's catalogue (a deploy of a run "
+                                         "trained again): items added by text and removals, services keeping "
+                                         "it or not")
+    c.add_argument("log", metavar="FILE", help="the catalogue log (what serve --catalogue-log was given)")
+    c.add_argument("--to", required=True, metavar="RUN", help="the run that will serve the catalogue (the run "
+                   "folder, or a pre-training run with --dataset)")
+    c.add_argument("--dataset", help="with a pre-training run: the catalogue it will serve zero-shot")
+    c.add_argument("--out", metavar="NEW", help="write the carried log to this new file and leave FILE as it is "
+                   "(default: FILE replaced; the processes keeping it then take no more catalogue changes)")
+    c.set_defaults(fn=cmd_carry_log)
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
     e.add_argument("run")
     e.add_argument("--format", choices=["onnx"], default="onnx")

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from seqrec.errors import SeqrecError
 from seqrec.serve.batcher import MAX_QUEUE, Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
-from seqrec.serve.catalogue_log import CatalogueLogBroken
+from seqrec.serve.catalogue_log import CatalogueLogBroken, CatalogueLogCarried
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
 from seqrec.serve.session_store import SessionEnded, SessionFull, SessionLimit
@@ -205,6 +205,10 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.exception_handler(CatalogueLogBroken)
     async def log_broken(_: Request, exc: CatalogueLogBroken) -> JSONResponse:
         return _error(503, str(exc))
+
+    @app.exception_handler(CatalogueLogCarried)
+    async def log_carried(_: Request, exc: CatalogueLogCarried) -> JSONResponse:  # a deploy: workers on the
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})  # new run next
 
     @app.exception_handler(SessionLimit)
     async def too_many(_: Request, exc: SessionLimit) -> JSONResponse:

@@ -11,11 +11,13 @@ catalogue again (each item its last text at its own index)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,63 +37,83 @@ def compact(path: Path | str) -> dict[str, int]:
     cut-short last line is dropped. The new file keeps the old one's mode and owner (a compaction that
     cannot keep the owner is refused: the services could no longer write it). -> counts before and after."""
     path = Path(path).resolve()
-    if not path.exists():
-        raise SeqrecError(f"{path}: no such catalogue log")
-    if not path.is_file():
-        raise SeqrecError(f"{path}: not a catalogue log (not a regular file)")
-    temporary = path.with_name(path.name + ".compacting")
-    written = False  # the temporary file is this compaction's (another's is never removed)
-    try:
-        fd = _locked(path)
-        try:
-            data = _settled(fd)
-            head, texts, removed, dropped = _fold(path, data)
-            if head is None:
-                if data.strip():
-                    raise SeqrecError(f"{path}: no catalogue line at its start (a log written before logs named "
-                                      "their catalogue): it cannot be compacted")
-                return _counts(data, data, texts, removed, dropped)  # nothing written yet
-            folded = data[: data.rfind(b"\n") + 1]  # whole lines: a cut-short last one is left out
-            if _already_compact(data):  # a new file would say the same: the processes need not move
-                return _counts(data, data, texts, removed, dropped)
-            old = os.fstat(fd)
-            body = _compacted(texts, removed)
-            head = {k: v for k, v in head.items() if k != "compacted"} | {"compacted": {
-                "from": [old.st_dev, old.st_ino, len(folded)], "body": len(body), "lines": body.count(b"\n") + 1,
-                "total": _total(path, folded)}}
-            out = line_bytes(head) + body
-            written = True
-            with temporary.open("wb") as f:
-                f.write(out)
-                f.flush()
-                os.fchmod(f.fileno(), old.st_mode & 0o7777)
-                try:
-                    os.fchown(f.fileno(), old.st_uid, old.st_gid)
-                except PermissionError:
-                    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
-                        raise SeqrecError(f"{path} belongs to uid {old.st_uid}, gid {old.st_gid}: compact it as that "
-                                          "user (a file of another owner could no longer be written by the "
-                                          "services)") from None
-                os.fsync(f.fileno())
-            os.replace(temporary, path)  # under the lock: the processes that keep the file wait, then move
-            written = False
-            folder = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        finally:
-            os.close(fd)  # lets the lock go
-    except (OSError, ValueError) as exc:
-        raise SeqrecError(f"{path}: cannot compact the catalogue log ({getattr(exc, 'strerror', None) or exc})"
-                          ) from None
-    finally:
-        if written:
-            temporary.unlink(missing_ok=True)
+    with folded_log(path, "compact") as (fd, data, head, texts, removed, dropped):
+        if head is None:
+            if data.strip():
+                raise SeqrecError(f"{path}: no catalogue line at its start (a log written before logs named "
+                                  "their catalogue): it cannot be compacted")
+            return _counts(data, data, texts, removed, dropped)  # nothing written yet
+        folded = data[: data.rfind(b"\n") + 1]  # whole lines: a cut-short last one is left out
+        if _already_compact(data):  # a new file would say the same: the processes need not move
+            return _counts(data, data, texts, removed, dropped)
+        old = os.fstat(fd)
+        body = compacted(texts, removed)
+        head = {k: v for k, v in head.items() if k != "compacted"} | {"compacted": {
+            "from": [old.st_dev, old.st_ino, len(folded)], "body": len(body), "lines": body.count(b"\n") + 1,
+            "total": _total(path, folded)}}
+        out = line_bytes(head) + body
+        replace_file(path, out, old)
     return _counts(data, out, texts, removed, dropped)
 
 
-def _locked(path: Path) -> int:
+class Folded(NamedTuple):
+    fd: int  # the log, open under its exclusive lock
+    data: bytes  # its bytes (`settled`)
+    head: dict[str, Any] | None  # its catalogue line
+    texts: Texts  # `fold`'s
+    removed: dict[str, bool]  # `fold`'s
+    dropped: int  # 1 if a cut-short last line was left out
+
+
+@contextlib.contextmanager
+def folded_log(path: Path, doing: str) -> Iterator[Folded]:
+    """The log at `path` under its exclusive lock, its bytes settled and folded; an OS error as a SeqrecError
+    saying what could not be done (`doing` it)."""
+    if not path.is_file():
+        raise SeqrecError(f"{path}: no such catalogue log" if not path.exists()
+                          else f"{path}: not a catalogue log (not a regular file)")
+    try:
+        fd = locked(path)
+        try:
+            data = settled(fd)
+            yield Folded(fd, data, *fold_file(path, data))
+        finally:
+            os.close(fd)  # lets the lock go
+    except (OSError, ValueError) as exc:
+        raise SeqrecError(f"{path}: cannot {doing} the catalogue log ({getattr(exc, 'strerror', None) or exc})"
+                          ) from None
+
+
+def replace_file(path: Path, data: bytes, like: os.stat_result) -> None:
+    """(Under the old file's exclusive lock.) Put a new file holding `data` in `path`'s place, with the mode
+    and owner of `like` (the old file's): the processes that keep the old file wait for the lock, then find
+    it replaced. A new file that cannot keep the owner is refused: the services could no longer write it."""
+    temporary = path.with_name(path.name + ".replacing")
+    try:
+        with temporary.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), like.st_mode & 0o7777)
+            try:
+                os.fchown(f.fileno(), like.st_uid, like.st_gid)
+            except PermissionError:
+                if (like.st_uid, like.st_gid) != (os.geteuid(), os.getegid()):
+                    raise SeqrecError(f"{path} belongs to uid {like.st_uid}, gid {like.st_gid}: rewrite it as that "
+                                      "user (a file of another owner could no longer be written by the "
+                                      "services)") from None
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def locked(path: Path) -> int:
     """The log open for writing under its exclusive lock: the file the path names once the lock is held
     (another compaction may have replaced the one opened first)."""
     while True:
@@ -102,7 +124,7 @@ def _locked(path: Path) -> int:
         os.close(fd)
 
 
-def _settled(fd: int) -> bytes:
+def settled(fd: int) -> bytes:
     """(Under the exclusive lock.) The file's bytes, a last line that is whole but for its newline given it,
     as a writer would, so that the processes reading the file end where the compaction does."""
     data = read_at(fd, 0, os.fstat(fd).st_size)
@@ -146,7 +168,7 @@ def _counts(data: bytes, out: bytes, texts: dict[str, Any], removed: dict[str, b
             "items": len(texts), "removed": sum(removed.values()), "dropped": dropped}
 
 
-def _compacted(texts: Texts, removed: dict[str, bool]) -> bytes:
+def compacted(texts: Texts, removed: dict[str, bool]) -> bytes:
     """The changes of a folded log: the items in runs of one encoder (or none), one removal."""
     lines = []
     runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []
@@ -167,7 +189,7 @@ def _compacted(texts: Texts, removed: dict[str, bool]) -> bytes:
     return b"".join(lines)
 
 
-def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, Texts, dict[str, bool], int]:
+def fold_file(path: Path, data: bytes) -> tuple[dict[str, Any] | None, Texts, dict[str, bool], int]:
     """A log's changes folded: (its catalogue line, `fold`'s texts and removals, 1 if a cut-short last line
     was left out)."""
     lines = data.split(b"\n")
@@ -186,6 +208,38 @@ def _fold(path: Path, data: bytes) -> tuple[dict[str, Any] | None, Texts, dict[s
             changes.append(record)
     texts, removed = fold(changes)
     return head, texts, removed, dropped
+
+
+def carried_to(first: bytes) -> str | None:
+    """The run a log's first line says the log was carried over to (`seqrec carry-log`), if it says so."""
+    try:
+        return str(json.loads(first)["carried"]["run"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def placement(first: bytes, origin: tuple[int, int, int], log_id: str | None, changes: int
+              ) -> tuple[int, int] | str | None:
+    """Where a process goes on in the file whose first line is `first`, found in the place of the file `origin`
+    (device, inode, bytes read) after reading `changes` changes of the log `log_id` there: (bytes, lines) of
+    the new file when its compacted lines fold exactly what the process read, None to apply the new file
+    from its start as one state (compacted again meanwhile: `catalogue_apply`), or what the file is when it
+    is not a compaction of that log (carried over to another run, another log's, or one with fewer changes
+    than were read: a backup put back?). A compacted file's first line, written before it took the path,
+    never changes."""
+    try:
+        folded = json.loads(first)["compacted"]
+        place = (list(folded["from"]), int(folded["body"]), int(folded["lines"]), int(folded["total"]))
+        ours = json.loads(first).get("log") == log_id
+    except (ValueError, KeyError, TypeError):
+        place, ours = None, False
+    if place is None or not ours or place[3] < changes:
+        run = carried_to(first)
+        if run:
+            return (f"was carried over to the catalogue of {run} (seqrec carry-log): this process serves the run "
+                    "before, and takes no more catalogue changes; restart it on the new run")
+        return "was replaced by a file that is not a compaction of it: restart the service"
+    return (place[1], place[2]) if place[0] == list(origin) else None
 
 
 def fold(changes: list[dict[str, Any]]) -> tuple[Texts, dict[str, bool]]:

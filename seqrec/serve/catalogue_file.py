@@ -1,5 +1,17 @@
 """The catalogue log's file (`seqrec.serve.catalogue_log`): its lines (what a change looks like, its
-vectors packed), and reading and writing them whole."""
+vectors packed), and reading and writing them whole.
+
+    {"op": "catalogue", "items": N, "fingerprint": "...",   first line: the catalogue it was written for
+     "log": "..."}                                         (and the log's id, which compactions keep)
+    {"op": "items", "items": {"raw id": "text", ...},      POST /items: added, or text replaced,
+     "encoder": "...", "vectors": "..."}                   with the texts' frozen-encoder vectors
+    {"op": "remove", "ids": ["raw id", ...]}               DELETE /items/{id}, POST /items/remove
+
+Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
+items. An "items" line carries its texts through the frozen text encoder (`vectors`: little-endian
+float32, base64, one row per item; `encoder` names the encoder and its settings), so replaying it or
+taking it from another process runs only the model's adaptor, not the text encoder, on the vectors the
+writer had. A line without them (older logs) or from another encoder has its texts encoded again."""
 
 from __future__ import annotations
 
@@ -87,6 +99,24 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def append_line(fd: int, line: bytes) -> int:
+    """Write one line at the end of the file `fd` (opened to append), on the disk when this returns -> where it
+    starts. A line not written whole is cut off again: no half line for the next one to run into."""
+    start = os.fstat(fd).st_size
+    try:
+        write_all(fd, line)
+        os.fsync(fd)
+    except BaseException:
+        truncate(fd, start)
+        raise
+    return start
+
+
+def truncate(fd: int, size: int) -> None:
+    os.ftruncate(fd, size)
+    os.fsync(fd)
 
 
 def read_at(fd: int, offset: int, n: int) -> bytes:

@@ -2,13 +2,8 @@
 serve one catalogue (`seqrec serve --workers N`, or services started apart on one file) share them.
 
 `seqrec serve RUN --catalogue-log FILE` (or `Recommender.keep_log(FILE)`) replays FILE at start, then
-appends one JSON line per change the process makes and, while it serves (`follow`), applies the lines
-other processes append:
-
-    {"op": "catalogue", "items": N, "fingerprint": "..."}  first line: the catalogue it was written for
-    {"op": "items", "items": {"raw id": "text", ...},      POST /items: added, or text replaced,
-     "encoder": "...", "vectors": "..."}                   with the texts' frozen-encoder vectors
-    {"op": "remove", "ids": ["raw id", ...]}               DELETE /items/{id}, POST /items/remove
+appends one JSON line per change the process makes (its catalogue line first; the lines:
+`seqrec.serve.catalogue_file`) and, while it serves (`follow`), applies the lines other processes append.
 
 A writer holds the file's exclusive lock (flock) through the whole change: it first applies what other
 processes appended since it last read, checks its change against that catalogue, writes the change's
@@ -20,18 +15,14 @@ process stopped between writing a line and answering leaves a change that no cli
 An id unknown to a following process is looked for in the file before it is called unknown, so an item
 added through one worker can be used in a history sent to another at once.
 
-Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
-items. An "items" line carries its texts through the frozen text encoder (`vectors`: little-endian
-float32, base64, one row per item; `encoder` names the encoder and its settings), so replaying it or
-taking it from another process runs only the model's adaptor, not the text encoder, on the vectors the
-writer had. A line without them (older logs) or from another encoder has its texts encoded again.
-
 A compaction (`seqrec compact-log FILE`, `seqrec.serve.catalogue_compact`) rewrites the file as the fewest
 lines that replay to the same catalogue and puts the new file in its place while processes keep it: a
 process that finds its file replaced when it takes the lock reads the old one to its end and goes on in
 the new one after the lines that fold the old (or, compacted twice meanwhile, takes what differs from the
 new one's state: `seqrec.serve.catalogue_apply`); a file in its place that is not a compaction of it
-ends the process's keeping it.
+ends the process's keeping it, as does one carried over to another run's catalogue for a deploy (`seqrec
+carry-log`, `seqrec.serve.catalogue_carry`): its changes are then refused with a 503 and Retry-After, until
+it is replaced by a process serving the new run.
 
 A last line cut short (a process stopped while writing it; its change was never made) is dropped with a
 warning by the next writer, and one whole but for its newline is given it; a bad line anywhere else, or a
@@ -56,14 +47,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from seqrec.errors import SeqrecError
 from seqrec.serve.catalogue_apply import apply_changes
-from seqrec.serve.catalogue_compact import fold
+from seqrec.serve.catalogue_compact import carried_to, fold, placement
 from seqrec.serve.catalogue_file import (
+    append_line,
     catalogue_fingerprint,
     check_head,
     line_bytes,
     read_at,
     read_lines,
     same_file,
+    truncate,
     write_all,
 )
 
@@ -77,6 +70,11 @@ FOLLOW_INTERVAL_S = 0.02  # how often a following process looks for lines other 
 
 class CatalogueLogBroken(SeqrecError):
     """This process can no longer keep the catalogue log: its catalogue may differ from the file."""
+
+
+class CatalogueLogCarried(CatalogueLogBroken):
+    """The catalogue log was carried over to another run's catalogue (`seqrec carry-log`, a deploy): this
+    process, serving the run before, is about to be replaced."""
 
 
 class CatalogueLog:
@@ -95,6 +93,7 @@ class CatalogueLog:
         self._headed = False  # the catalogue line was read
         self._base: dict[str, Any] = {}  # the catalogue line of the catalogue served
         self.error: str | None = None  # why this process stopped keeping the file, if it did
+        self.carried_to: str | None = None  # the run the file was carried over to (seqrec carry-log), if it was
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self._pending: list[tuple[int, dict[str, Any]]] = []  # read from a file since replaced, not yet applied
@@ -178,8 +177,8 @@ class CatalogueLog:
         made in part)."""
         with self._lock:
             if self.error is not None:
-                raise CatalogueLogBroken(self.error if self.error.endswith("restart the service")
-                                         else f"{self.error}; restart the service")
+                raise (CatalogueLogCarried if self.carried_to else CatalogueLogBroken)(
+                    self.error if "restart" in self.error else f"{self.error}; restart the service")
             if self._fd is None or not self._writable:
                 raise SeqrecError(f"{self.path}: the catalogue log is not open for writing")
             with self._flock(fcntl.LOCK_EX):
@@ -266,27 +265,20 @@ class CatalogueLog:
         self._place(origin)
 
     def _place(self, origin: tuple[int, int, int]) -> None:
-        """Where to go on reading a file that replaced the one `origin` (device, inode, bytes read) names:
-        after its compacted lines when they fold exactly what this process read; else from its start, its
-        changes applied as one state (`catalogue_apply`). A file that is not a compaction of this log (another
-        log's id, fewer changes than this process read: a backup put back?) stops this process keeping it.
-        (A compacted file's first line, written before it took the path, never changes.)"""
+        """Go on reading a file that replaced the one `origin` (device, inode, bytes read) names, where
+        `catalogue_compact.placement` says; a file that is not a compaction of this log stops this process
+        keeping it."""
         assert self._fd is not None
         first = read_at(self._fd, 0, 1 << 16)
         first = first[: first.find(b"\n") + 1]
-        try:
-            head = json.loads(first)
-            folded = head["compacted"]
-            place = (list(folded["from"]), int(folded["body"]), int(folded["lines"]), int(folded["total"]))
-            ours = head.get("log") == self._log_id
-        except (ValueError, KeyError, TypeError):
-            place, ours = None, False
-        if place is None or not ours or place[3] < self._changes:
-            self._fail(f"{self.path} was replaced by a file that is not a compaction of it: restart the service")
+        place = placement(first, origin, self._log_id, self._changes)
+        if isinstance(place, str):
+            self.carried_to = carried_to(first)
+            self._fail(f"{self.path} {place}")
         self.moves += 1
-        if place[0] == list(origin):  # the changes this process read, folded: go on after them
-            self._offset = self._seen = len(first) + place[1]
-            self._lines = place[2]
+        if place is not None:  # the changes this process read, folded: go on after them
+            self._offset = self._seen = len(first) + place[0]
+            self._lines = place[1]
             return
         log.info("%s was compacted again since this process read it: its state is taken from the new file",
                  self.path)
@@ -379,13 +371,14 @@ class CatalogueLog:
         if record["fingerprint"] != self._base["fingerprint"]:
             self._fail(f"{self.path} was written for another catalogue ({record['items']:,} items, fingerprint "
                        f"{record['fingerprint']}; this run's: {self._base['items']:,} items, "
-                       f"{self._base['fingerprint']}): start this run with a new log")
+                       f"{self._base['fingerprint']}): carry it over to this run first (seqrec carry-log), or start "
+                       "with a new log")
 
     def _fail(self, message: str) -> NoReturn:
         """A line this process cannot read: it stops keeping the file (its next reads would start again
         from the same place, and every later line depends on this one)."""
         self.error = message
-        raise CatalogueLogBroken(message)
+        raise (CatalogueLogCarried if self.carried_to else CatalogueLogBroken)(message)
 
     def _apply(self, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
         if not records:
@@ -397,21 +390,12 @@ class CatalogueLog:
             raise
 
     def _append(self, line: bytes) -> int:
-        """Write one line (on the disk when this returns) -> where it starts."""
         assert self._fd is not None
-        start = os.fstat(self._fd).st_size
-        try:
-            write_all(self._fd, line)
-            os.fsync(self._fd)
-        except BaseException:
-            self._truncate(start)  # no half line for the next one to run into
-            raise
-        return start
+        return append_line(self._fd, line)
 
     def _truncate(self, size: int) -> None:
         assert self._fd is not None
-        os.ftruncate(self._fd, size)
-        os.fsync(self._fd)
+        truncate(self._fd, size)
 
 
 class _Stopped(Exception):

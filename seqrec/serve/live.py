@@ -69,11 +69,16 @@ class LiveCatalogue:
                               f"encoder ({self.text_encoder().dim})")
         self._add_encoded(texts, torch.stack(rows), None)
 
-    def _check_takes_text(self) -> None:
+    @property
+    def no_new_text(self) -> str | None:
+        """Why items cannot be added by text here, or None when they can."""
         if not self.takes_text:
-            raise SeqrecError(f"{self.model.name} has no item text: new items need a text model (unisrec)")
-        if self._no_new_text:
-            raise SeqrecError(self._no_new_text)
+            return f"{self.model.name} has no item text: new items need a text model (unisrec)"
+        return self._no_new_text
+
+    def _check_takes_text(self) -> None:
+        if self.no_new_text:
+            raise SeqrecError(self.no_new_text)
 
     def _encode(self, texts: list[str]) -> torch.Tensor:
         from seqrec.data.text import encode_texts
