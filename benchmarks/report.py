@@ -196,6 +196,14 @@ def headline(link: str = "docs/results.md") -> list[str]:
                      f"{load_['error_answers'] + load_['failed_after_retry']} failed of {load_['requests']:,} "
                      f"({load_['closed_before_answer_retried']} retried on a new connection); all workers on the "
                      f"new run after {r['switched_after_s']:.1f} s", DASH])
+    moved = load("serve_deploy_catalogue.json")
+    if moved:
+        r = moved["result"]
+        rows.append([f"`seqrec carry-log` + SIGHUP: a run with {r['n_items_b'] - moved['n_items']:,} more items "
+                     "deployed while items are added by text", f"{moved['n_items']:,} items", "concurrency 8",
+                     f"{r['items_added_found_after']:,} of {r['items_added']:,} added items kept; "
+                     f"{r['add_failures'] + r['load']['error_answers'] + r['load']['failed_after_retry']} failed; "
+                     f"{r['adds_refused_503']} additions refused (503) and retried", DASH])
     compaction = load("serve_compaction.json")
     if compaction:
         r = compaction["result"]

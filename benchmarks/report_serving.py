@@ -61,7 +61,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), *_deploy(), "",
+              *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), *_deploy(),
+              *_deploy_catalogue(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
     for length, r in sess.items():
@@ -250,6 +251,31 @@ def _deploy() -> list[str]:
             f"{load['failed_after_retry']} | {load['requests_per_s']:.0f} | {load['p50_ms']:.1f} | "
             f"{load['p99_ms']:.1f} | {load['max_ms']:.1f} | {switched} | "
             f"{r['answers_equal_run_b']} of {r['answers_checked']} |"]
+
+
+def _deploy_catalogue() -> list[str]:
+    d = load_result("serve_deploy_catalogue.json")
+    if d is None:
+        return []
+    r, load = d["result"], d["result"]["load"]
+    switched = "never" if r["switched_after_s"] is None else f"{r['switched_after_s']:.1f}"
+    window = ("none" if r["refused_from_s"] is None
+              else f"{r['refused_from_s']:.1f} to {r['refused_until_s']:.1f}")
+    return ["", f"Deploying a run trained again, with {r['n_items_b'] - d['n_items']:,} more items, into a service "
+            f"with a live catalogue: UniSRec, {d['n_items']:,} items, `--workers {r['workers']}` and a catalogue "
+            "log; the /recommend load above, and beside it a client adding items by text one after another "
+            "throughout (each on a new connection; a 503 sent again after its Retry-After). Before the switch, 5 "
+            "items run B was trained with were added to run A by text and 2 items removed; then `seqrec carry-log "
+            "LOG --to B`, the link switched and SIGHUP. Afterwards every item whose addition was answered is "
+            f"looked up in the service. Commit {d['machine']['commit']}. `python benchmarks/serve_deploy.py "
+            "--catalogue`; file: `results/serve_deploy_catalogue.json`.", "",
+            *header(["items added (answered)", "found after the deploy", "additions failed", "refused (503), retried",
+                     "refused from / until s after the carry started", "carry-log s", "run B's own texts kept",
+                     "removals kept", "/recommend requests", "errors", "failed after retry", "switched after s"]),
+            f"| {r['items_added']:,} | {r['items_added_found_after']:,} | {r['add_failures']} | "
+            f"{r['adds_refused_503']} | {window} | {r['carry_s']:.1f} | {r['own_texts_kept']} of 5 | "
+            f"{r['removed_kept']} of 2 | {load['requests']:,} | {load['error_answers']} | "
+            f"{load['failed_after_retry']} | {switched} |"]
 
 
 def _ab_runs(prefix: str, ab: tuple[tuple[str, str], ...]) -> list[tuple[str, str, dict[str, Any]]]:

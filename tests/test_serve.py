@@ -89,6 +89,28 @@ def test_service_topk_equals_recommender(runs: dict[str, Path]) -> None:
     assert [[r["item"] for r in row] for row in batch] == [[r.item for r in rec.recommend(h, 5)] for h in HISTORIES]
 
 
+def test_candidates_rank_as_the_full_ranking_does(runs: dict[str, Path]) -> None:
+    """/recommend with candidates: the full ranking's order and scores, restricted to them (a removed one and,
+    with exclude_seen, seen ones left out); an unknown candidate is a 404 naming it."""
+    rec = Recommender.from_run(runs["sasrec"])
+    client = TestClient(create_app(rec))
+    rec.remove_items(["i6"])
+    candidates = ["i2", "i4", "i6", "i8", "i10", "i12", "i14", "i16"]
+    for history in HISTORIES:
+        for exclude in (False, True):
+            body = {"history": history, "k": 4, "exclude_seen": exclude, "candidates": candidates}
+            got = client.post("/recommend", json=body)
+            assert got.status_code == 200, got.text
+            full = rec.recommend(history, rec.catalogue.n_active, exclude_seen=exclude)
+            want = [r for r in full if r.item in candidates][:4]
+            assert [r["item"] for r in got.json()["items"]] == [r.item for r in want]
+            assert [r["score"] for r in got.json()["items"]] == pytest.approx([r.score for r in want], abs=1e-5)
+            assert "i6" not in [r["item"] for r in got.json()["items"]]
+    unknown = client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": ["i2", "nope"]})
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"]
+    assert client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": []}).status_code == 422
+
+
 @pytest.mark.parametrize("name", ["sasrec", "sasrec-end", "gru4rec", "bert4rec", "unisrec"])
 def test_session_equals_recommend_on_the_same_history(runs: dict[str, Path], name: str) -> None:
     rec = Recommender.from_run(runs[name])

@@ -53,6 +53,9 @@ class RecommendRequest(Strict):
     times: list[float] | None = Field(None, max_length=10_000, description="seconds, one per history item")
     events: dict[Annotated[str, Field(max_length=200)], Annotated[list[float], Field(max_length=10_000)]] | None = (
         Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
+    candidates: list[ItemId] | None = Field(None, min_length=1, max_length=100_000, description=(
+        "rank only these raw item ids (e.g. what is in stock), exactly; removed ones, and seen ones with "
+        "exclude_seen, are left out"))
 
 
 class BatchRequest(Strict):
@@ -241,6 +244,9 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         idx = rec.to_indices(req.history)
         rec.check_event_names(list(req.events or {}))
         events = rec.history_events(len(idx), req.times, req.events)
+        if req.candidates is not None:  # exact scores of those items only: not a search, so not batched
+            return _recommendations(await batcher.run(rec.recommend, req.history, req.k, req.exclude_seen,
+                                                      req.candidates, req.times, req.events))
         return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen))
 
     @app.post("/recommend/batch", response_model=BatchResponse)
