@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import sys
 import time
@@ -94,6 +95,12 @@ async def _health(port: int) -> dict[str, Any]:
     except (OSError, asyncio.IncompleteReadError):
         return {}
     return body if status == 200 and isinstance(body, dict) else {}
+
+
+def _leaked(log: Path) -> int:
+    """The semaphores the service's resource tracker found left behind at its end (its warning in the log)."""
+    found = re.findall(r"There appear to be (\d+) leaked semaphore", log.read_text(errors="replace"))
+    return sum(int(n) for n in found)
 
 
 def _workers(pid: int) -> set[int]:
@@ -169,7 +176,7 @@ def bench(n_items: int, before_s: float, cap_s: float) -> dict[str, Any]:
     finally:
         server.stop()
     out.update({"workers": 2, "answers_equal_run_b": same["b"], "answers_equal_run_a": same["a"],
-                "answers_checked": len(checks),
+                "answers_checked": len(checks), "leaked_semaphores": _leaked(work / "deploy.log"),
                 "start_s": server.start_s})
     print(out, flush=True)
     return out
@@ -261,7 +268,8 @@ def bench_catalogue(n_items: int, n_new: int, before_s: float, cap_s: float) -> 
                                             cap_s))
     finally:
         server.stop()
-    out.update({"workers": 2, "n_items_b": n_items + n_new, "start_s": server.start_s})
+    out.update({"workers": 2, "n_items_b": n_items + n_new, "start_s": server.start_s,
+                "leaked_semaphores": _leaked(work / "deploy.log")})
     print(out, flush=True)
     return out
 

@@ -22,6 +22,7 @@ def test_a_deploy_under_load_loses_no_request(tmp_path: Path) -> None:
     load = r["load"]
     assert load["requests"] > 0 and load["error_answers"] == 0 and load["failed_after_retry"] == 0
     assert r["answers_equal_run_b"] == r["answers_checked"] == 20 and r["answers_equal_run_a"] == 0
+    assert r["leaked_semaphores"] == 0  # the replaced workers left nothing behind
 
 
 @pytest.mark.slow
@@ -32,6 +33,6 @@ def test_a_deploy_with_a_new_catalogue_keeps_every_item_added(tmp_path: Path) ->
     assert r["carry_exit"] == 0 and "carrying" in r["carry_said"]
     assert r["switched_after_s"] is not None and r["old_workers"] == 2
     assert r["items_added"] > 0 and r["items_added_found_after"] == r["items_added"] and r["add_failures"] == 0
-    assert r["own_texts_kept"] == 5 and r["removed_kept"] == 2
+    assert r["own_texts_kept"] == 5 and r["removed_kept"] == 2 and r["leaked_semaphores"] == 0
     load = r["load"]
     assert load["requests"] > 0 and load["error_answers"] == 0 and load["failed_after_retry"] == 0

@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import tempfile
+import threading
 from pathlib import Path
 
 from seqrec.errors import SeqrecError
@@ -22,6 +23,7 @@ READY_TIMEOUT = 300  # seconds a worker replaced on SIGHUP may take to answer (-
 def build_app(options: dict) -> object:
     """The FastAPI app for serve options (run, index, session limits, ...)."""
     import torch
+    from tqdm import tqdm
 
     from seqrec.serve import Recommender
     from seqrec.serve.app import create_app
@@ -30,6 +32,9 @@ def build_app(options: dict) -> object:
 
     if options.get("threads"):
         torch.set_num_threads(int(options["threads"]))
+    # tqdm's first bar (torch's export draws some) makes a process-shared lock: a named semaphore that a worker
+    # replaced on SIGHUP left behind, one more for the resource tracker to warn of at each deploy
+    tqdm.set_lock(threading.RLock())
     with contextlib.suppress(ImportError):  # its weight-loading bar drew itself into the service's log
         from transformers.utils import logging as hf_logging
 

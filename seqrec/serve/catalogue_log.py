@@ -148,7 +148,7 @@ class CatalogueLog:
                     return
                 except Exception as exc:  # the thread says why it stopped; it must not die silently
                     self.error = self.error or f"stopped following {self.path}: {exc}"
-                    log.error("%s", self.error)
+                    (log.warning if self.carried_to else log.error)("%s", self.error)  # carried: a deploy
                     return
 
         self._follower = threading.Thread(target=loop, name="seqrec-catalogue-follow", daemon=True)
