@@ -21,7 +21,7 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/seqrec data fetch ml-100k
 	$(VENV)/bin/seqrec data prepare ml-100k
-	$(VENV)/bin/seqrec train --dataset ml-100k --config configs/ml-100k-sasrec.toml --out runs/demo-ml-100k-sasrec
+	$(VENV)/bin/seqrec train --dataset ml-100k --config configs/ml-100k-sasrec.toml --out runs/demo-ml-100k-sasrec --overwrite
 	$(VENV)/bin/seqrec recommend runs/demo-ml-100k-sasrec --user 1 -k 10 --exclude-seen
 
 # The demo recipe with positions counted from the start, so that sessions keep a KV cache
@@ -42,7 +42,7 @@ PRETRAINED ?= runs/pretrained
 pretrained: setup
 	for d in amazon-games-2018; do \
 	  $(VENV)/bin/seqrec data prepare $$d --source $(SHARED_DATA) || exit 1; done
-	$(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED)
+	$(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED) --overwrite
 
 # docs/cli.md and docs/api.md from the argument parser and the docstrings (tests/test_docs.py checks
 # they are current); docs/results.md and the README's headline table come from `python benchmarks/report.py`

@@ -8,3 +8,12 @@ anything else is a bug and keeps its traceback.
 
 class SeqrecError(Exception):
     """An error caused by the user's input; its message names the file, line or value."""
+
+
+def not_a_run(path: object, missing: str) -> SeqrecError:
+    """The error for a folder given as a run that is not one (`missing`: the file it lacks)."""
+    from pathlib import Path
+
+    study = Path(str(path)) / "best"
+    hint = f"; the run a `seqrec tune` study trained is {study}" if (study / "config.json").is_file() else ""
+    return SeqrecError(f"{path}: not a run folder (no {missing}){hint}")

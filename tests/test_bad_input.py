@@ -136,9 +136,9 @@ DATA = [
     case("prepare-unknown-format", "data prepare x --format xlsx --path {csv} --out {tmp}/out", "'xlsx'"),
     case("prepare-format-no-path", "data prepare x --format csv --out {tmp}/out", "--format needs --path"),
     case("prepare-csv-no-user-col", "data prepare x --format csv --path {csv} --item-col iid --out {tmp}/out",
-         "user_col"),
+         "--user-col"),
     case("prepare-option-format-lacks", "data prepare x --format s3rec --path {csv} --user-col u --out {tmp}/out",
-         "user_col"),
+         "--user-col"),
     case("prepare-wrong-user-column", "data prepare x --format csv --path {csv} --user-col user --item-col iid "
          "--out {tmp}/out", "'user'"),
     case("prepare-wrong-time-column", f"{PREP} {{csv}} --time-col when", "'when'"),
@@ -218,6 +218,31 @@ DATA = [
     case("features-unknown", "data features nope", "'nope'"),
     case("features-damaged-items", "data features {tmp}/ds", "items.parquet",
          dataset_copy(lambda d: (d / "items.parquet").write_bytes(b"PAR1 not parquet PAR1"))),
+    case("prepare-missing-columns-named-by-flag", "data prepare x --format csv --path {csv} --out {tmp}/out",
+         "--format csv needs --user-col and --item-col"),
+    case("prepare-refused-option-named-by-flag", "data prepare x --format s3rec --path {csv} --time-col ts "
+         "--out {tmp}/out", "--format s3rec does not take --time-col"),
+    case("prepare-day-first-time", f"{PREP} {{tmp}}/log.csv", "value '13/09/2020 12:27' is not ISO 8601",
+         log_csv("u1,i1,13/09/2020 12:27", "u1,i2,14/09/2020 12:27", "u1,i3,15/09/2020 12:27")),
+    case("prepare-day-month-ambiguous-time", f"{PREP} {{tmp}}/log.csv", "line 2: time 'ts' value '01/02/2020'",
+         log_csv("u1,i1,01/02/2020", "u1,i2,03/01/2020", "u1,i3,05/01/2020")),
+    case("prepare-bad-time-names-the-flag", f"{PREP} {{tmp}}/log.csv", "--time-format, e.g. '%d/%m/%Y %H:%M'",
+         log_csv("u1,i1,1", "u1,i2,yesterday")),
+    case("prepare-jsonl-bad-line-number", "data prepare x --format jsonl --path {tmp}/log.jsonl --user-col uid "
+         "--item-col iid --out {tmp}/out", "log.jsonl, line 6: not valid JSON",
+         text_file("log.jsonl", "".join(f'{{"uid": 1, "iid": {i}}}\n' for i in range(5)) + '{"uid": :}\n')),
+    case("prepare-csv-extra-field-line-number", f"{PREP} {{tmp}}/log.csv",
+         "log.csv, line 3: 5 ','-separated fields, but the header has 3",
+         log_csv("u1,i1,1", "u1,i2,2,9,9", "u1,i3,3")),
+    case("prepare-long-separator-mentions-tab", f"{PREP} {{csv}} --sep ';;'", "or \\t or tab for a tab"),
+    case("prepare-long-items-separator-mentions-tab", f"{PREP} {{csv}} --items {{tmp}}/items.dat --items-sep ab",
+         "or \\t or tab for a tab", text_file("items.dat", "iid,title\ni1,One\n")),
+    case("fetch-unknown-says-how-to-prepare", "data fetch nope",
+         "`seqrec data prepare nope --format csv --path FILE --user-col COL --item-col COL`"),
+    case("fetch-known-says-source", "data fetch yelp-p5", "`seqrec data prepare yelp-p5 --source DIR`"),
+    case("prepare-missing-parquet", "data prepare x --format parquet --path {tmp}/log.parquet --user-col uid "
+         "--item-col iid --out {tmp}/out", "log.parquet: no such file"),
+    case("prepare-min-user-len-names-the-flag", f"{PREP} {{csv}} --min-user-len 0", "--min-user-len"),
 ]
 
 TRAIN = "train --dataset syn --out {tmp}/run"
@@ -258,8 +283,10 @@ TRAINING = [
          text_file("c.toml", "model = 3\n")),
     case("train-config-unknown-key", f"{TRAIN} --config {{tmp}}/c.toml", "train.speed",
          text_file("c.toml", "[train]\nspeed = 3\n")),
-    case("train-into-existing-run", f"train --dataset syn --out {{tmp}}/run {TINY} --set 'features.fields=[{{name="
-         "\"genre\", level=\"item\", kind=\"categorical\"}]'", "'genre'", run_copy()),
+    case("train-into-existing-run", f"train --dataset syn --out {{tmp}}/run {TINY}", "holds a run (finished)",
+         run_copy()),
+    case("train-overwrite-fails", f"train --dataset syn --out {{tmp}}/run --overwrite {TINY} --set 'features.fields=[{{"
+         "name=\"genre\", level=\"item\", kind=\"categorical\"}]'", "'genre'", run_copy()),
     case("resume-not-a-run", "train --resume {tmp}", "not a run folder"),
     case("resume-with-flags", "train --resume {sasrec} --set train.epochs=2", "--set"),
     case("resume-finished", "train --resume {sasrec}", "has finished"),
@@ -283,6 +310,9 @@ RECOMMEND = [
     case("recommend-new-item-id-model", f"{REC} --history i1 --new-item 'n1=red glue'", "sasrec"),
     case("recommend-new-item-no-equals", "recommend {unisrec} --history i1 --new-item n1", "'n1'"),
     case("recommend-new-item-no-text", "recommend {unisrec} --history i1 --new-item n1=", "'n1='"),
+    case("recommend-new-item-known", "recommend {unisrec} --history i1 --new-item i2=glue", "already an item"),
+    case("recommend-new-item-twice", "recommend {unisrec} --history i1 --new-item n1=a --new-item n1=b",
+         "given more than once"),
     case("recommend-n-probe-without-ivf", f"{REC} --history i1 --n-probe 4", "--n-probe"),
     case("recommend-n-probe-zero", f"{REC} --history i1 --index ivf --n-probe 0", "--n-probe"),
     case("recommend-unknown-candidate", f"{REC} --history i1 --candidates 'i2 zzz'", "'zzz'"),

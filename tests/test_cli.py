@@ -124,3 +124,64 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"seqrec {__version__}"
+
+
+def test_a_cuda_device_where_there_is_none_is_a_one_line_error(home: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.device = "cuda" (and serve --device cuda) on a machine or torch without CUDA: exit 2, one line."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    for argv in (["train", "--dataset", "toy", "--set", 'train.device="cuda"', "--out", str(home / "r")],
+                 ["serve", str(home / "r"), "--device", "cuda:1"]):
+        (home / "r").mkdir(exist_ok=True)
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and err.startswith("seqrec: error: device 'cuda") and len(err.strip().splitlines()) == 1
+        assert "(use cpu, or auto" in err
+
+
+def test_a_run_folder_is_never_mixed_with_another_run(home: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--out holding a run is refused (finished or not), --overwrite replaces it whole (no file of the old run
+    left); a folder of other files is refused even then. A dataset given by a relative path is recorded
+    absolute, so the run evaluates from any folder."""
+    run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    monkeypatch.chdir(home / "home")
+    out = home / "run"
+    train = ["train", "--dataset", "prepared/toy", "--out", str(out), "--set", "train.epochs=1", "--set", "model.d=8",
+             "--set", "train.progress=false"]
+    assert main([*train, "--model", "sasrec"]) == 0
+    assert json.loads((out / "config.json").read_text())["data"]["dataset"] == str(home / "home" / "prepared" / "toy")
+    (out / "export-onnx").mkdir()
+    capsys.readouterr()
+    code, _, err = run(capsys, *train, "--model", "gru4rec")
+    assert code == 2 and "holds a run (finished)" in err and "--overwrite" in err
+    (out / "state").mkdir()
+    code, _, err = run(capsys, *train, "--model", "gru4rec")
+    assert code == 2 and "not finished: --resume it" in err
+    assert main([*train, "--model", "gru4rec", "--overwrite"]) == 0
+    assert not (out / "export-onnx").exists() and not (out / "state").exists()
+    assert json.loads((out / "config.json").read_text())["model"]["name"] == "gru4rec"
+    other = home / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    code, _, err = run(capsys, *train[:3], "--out", str(other), "--overwrite")
+    assert code == 2 and "holds other files, not a run" in err and (other / "notes.txt").is_file()
+    monkeypatch.chdir(home)
+    assert main(["evaluate", str(out)]) == 0
+
+
+def test_a_run_trained_from_python_records_its_dataset(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from seqrec.config import resolve
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import fit
+
+    run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
+    cfg = resolve({"model": {"name": "gru4rec", "d": 8}, "train": {"epochs": 1, "progress": False}})
+    fit(cfg, PreparedDataset.load(home / "home" / "prepared" / "toy"), home / "py-run")
+    assert main(["evaluate", str(home / "py-run")]) == 0
+    assert main(["recommend", str(home / "py-run"), "--user", "u1", "-k", "3"]) == 0

@@ -244,3 +244,42 @@ def test_a_log_of_one_item_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SeqrecError, match="only one distinct item"):
         prepare(raw, PrepareOptions(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _ml100k_source(folder: Path) -> Path:
+    """A raw GroupLens folder (u.data only): 4 users x 5 ratings over 6 items, one second apart."""
+    folder.mkdir(parents=True)
+    rows = [f"{u}\t{(u + k) % 6 + 1}\t3\t{1000 + 10 * u + k}\n" for u in range(1, 5) for k in range(5)]
+    (folder / "u.data").write_text("".join(rows))
+    return folder
+
+
+def test_a_prepared_dataset_is_named_after_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare ml-100k --split time --out .../ml-100k-time` is ml-100k-time (what `--dataset` finds it by, and
+    what its runs' results say), not a second "ml-100k"; without --out it is NAME."""
+    from seqrec.cli import main
+
+    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
+    source = _ml100k_source(tmp_path / "src")
+    prepared = tmp_path / "home" / "prepared"
+    assert main(["data", "prepare", "ml-100k", "--source", str(source), "--split", "time", "--test-frac", "0.2",
+                 "--valid-frac", "0.2", "--out", str(prepared / "ml-100k-time")]) == 0
+    assert main(["data", "prepare", "ml-100k", "--source", str(source)]) == 0
+    timed, loo = PreparedDataset.load(prepared / "ml-100k-time"), PreparedDataset.load(prepared / "ml-100k")
+    assert (timed.meta["name"], timed.stats()["split"]) == ("ml-100k-time", "time")
+    assert (loo.meta["name"], loo.stats()["split"]) == ("ml-100k", "leave-one-out")
+    log = tmp_path / "log.csv"
+    log.write_text("u,i,t\n" + "".join(f"{u},{i},{u + i}\n" for u in range(3) for i in range(4)))
+    assert main(["data", "prepare", "shop", "--format", "csv", "--path", str(log), "--user-col", "u",
+                 "--item-col", "i", "--out", str(tmp_path / "shop-v2")]) == 0
+    assert PreparedDataset.load(tmp_path / "shop-v2").meta["name"] == "shop-v2"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"kcore": -1}, r"^kcore \(--kcore\) must be >= 0, got -1$"),
+    ({"min_user_len": 0}, r"^min_user_len \(--min-user-len\) must be >= 1, got 0$"),
+    ({"test_frac": 1.5}, r"^test_frac \(--test-frac\) and valid_frac \(--valid-frac\) must be in \(0, 1\)"),
+])
+def test_option_errors_name_the_field_and_its_flag(options: dict, message: str) -> None:
+    with pytest.raises(SeqrecError, match=message):
+        PrepareOptions(**options)

@@ -4,6 +4,9 @@ ends with one tested run of the best settings."""
 from __future__ import annotations
 
 import json
+import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ import pytest
 from seqrec.cli import main
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
-from seqrec.train.tune import tune
+from seqrec.train.tune import base_config, tune
 
 BASE = {"model": {"name": "sasrec", "n_heads": 1}, "data": {"max_len": 8},
         "train": {"epochs": 3, "batch_size": 64, "patience": 2}}
@@ -120,3 +123,111 @@ def test_the_first_trial_is_the_base_itself(tiny_dataset: PreparedDataset, tmp_p
                                                                           if k != "model.d"}
     again = tune(base, tiny_dataset, study, budget_s=120, trials=1, final=False)
     assert again["n_trials"] == 3 and again["trials"][2]["params"] != first
+
+
+def fake_fit(monkeypatch: pytest.MonkeyPatch, fail: Callable[[Path], str | None] = lambda run_dir: None) -> list[Path]:
+    """Trials without training: `fit` records its run folder and scores 0.1, or raises what `fail` names."""
+    calls: list[Path] = []
+
+    def fit(cfg: object, data: PreparedDataset, run_dir: Path, **kwargs: object) -> dict[str, object]:
+        calls.append(run_dir)
+        why = fail(run_dir)
+        if why:
+            raise RuntimeError(why)
+        return {"valid": {"ndcg@10": 0.1}}
+
+    monkeypatch.setattr("seqrec.train.loop.fit", fit)
+    return calls
+
+
+def test_parallel_jobs_run_the_queued_base_trial_once(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optuna's SQLite study can hand one queued trial to two workers (optuna/optuna#4002); forced here by a
+    window between reading the queue and taking from it. The base trial runs alone, once."""
+    import optuna
+    from optuna.trial import TrialState
+
+    def racy_pop(self: optuna.Study) -> int | None:
+        waiting = self._storage.get_all_trials(self._study_id, deepcopy=False, states=(TrialState.WAITING,))
+        if not waiting:
+            return None
+        time.sleep(0.5)  # another worker asking now reads the same queue
+        self._storage.set_trial_state_values(waiting[0]._trial_id, state=TrialState.RUNNING)
+        return waiting[0]._trial_id
+
+    monkeypatch.setattr(optuna.Study, "_pop_waiting_trial_id", racy_pop)
+    calls = fake_fit(monkeypatch)
+    study = tmp_path / "study"
+    report = tune(BASE, tiny_dataset, study, budget_s=120, trials=3, jobs=2, final=False)
+    assert sorted(p.name for p in calls) == ["0", "1", "2"] and all(p.parent == study / "trials" for p in calls)
+    assert [t["state"] for t in report["trials"]] == ["complete"] * 3 and report["n_trials_this_call"] == 3
+    assert report["base_point"] == {k: report["trials"][0]["params"][k] for k in report["base_point"]}
+
+
+def test_failed_trials_are_named_not_the_budget(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every trial raised, the error counts them and gives the first one's reason, on one line."""
+    fake_fit(monkeypatch, lambda run_dir: "CUDA out of memory\n(a long report)")
+    with pytest.raises(SeqrecError) as caught:
+        tune(BASE, tiny_dataset, tmp_path / "study", budget_s=120, trials=3, jobs=2, final=False)
+    message = str(caught.value)
+    assert "3 of 3 failed" in message and "trial 0: RuntimeError: CUDA out of memory" in message
+    assert "budget" not in message and "\n" not in message
+    report = json.loads((tmp_path / "study" / "trials.json").read_text())
+    assert [t["error"] for t in report["trials"]] == ["RuntimeError: CUDA out of memory"] * 3
+
+
+def test_a_failed_trial_does_not_stop_the_study(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    fake_fit(monkeypatch, lambda run_dir: "boom" if run_dir.name == "1" else None)
+    with caplog.at_level(logging.WARNING, logger="seqrec.train.tune"):
+        report = tune(BASE, tiny_dataset, tmp_path / "study", budget_s=120, trials=3, final=False)
+    assert [t["state"] for t in report["trials"]] == ["complete", "fail", "complete"]
+    assert report["trials"][1]["error"] == "RuntimeError: boom" and report["best_trial"]["number"] in (0, 2)
+    assert "1 of 3 trials this call failed; the first, trial 1: RuntimeError: boom" in caplog.text
+
+
+def test_the_trial_count_of_a_call(tiny_dataset: PreparedDataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The queued base trial is one of the first call's trials, not one from before it."""
+    fake_fit(monkeypatch)
+    study = tmp_path / "study"
+    with caplog.at_level(logging.INFO, logger="seqrec.train.tune"):
+        first = tune(BASE, tiny_dataset, study, budget_s=120, trials=2, final=False)
+        second = tune(BASE, tiny_dataset, study, budget_s=120, trials=3, final=False)
+    assert (first["n_trials_this_call"], first["n_trials"]) == (2, 2)
+    assert (second["n_trials_this_call"], second["n_trials"]) == (3, 5)
+    counts = [r.getMessage() for r in caplog.records if "this call" in r.getMessage()]
+    assert counts[0].startswith("tune: 2 trials this call (2 in the study)")
+    assert counts[1].startswith("tune: 3 trials this call (5 in the study)")
+
+
+def test_a_study_goes_on_only_with_its_own_arguments(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Another model, dataset or base config with the --out of a study is refused, saying what differs; the
+    same data at another path goes on."""
+    fake_fit(monkeypatch)
+    study = tmp_path / "study"
+    base = base_config(None, "sasrec", str(tiny_dataset.path), ["data.max_len=8", "train.epochs=3",
+                                                                 "model.n_heads=1"])
+    tune(base, tiny_dataset, study, budget_s=120, trials=1, final=False)
+    epochs = {**base, "train": {**base["train"], "epochs": 5}}
+    with pytest.raises(SeqrecError, match=r"another base config \(train.epochs 3 there, 5 now\).*new --out"):
+        tune(epochs, tiny_dataset, study, budget_s=120, trials=1, final=False)
+    gru = {**base, "model": {"name": "gru4rec"}}
+    with pytest.raises(SeqrecError, match=r"tunes model 'sasrec', not 'gru4rec'.*new --out"):
+        tune(gru, tiny_dataset, study, budget_s=120, trials=1, final=False)
+    other = PreparedDataset(tiny_dataset.path, {**tiny_dataset.meta, "fingerprint": "f0"}, tiny_dataset.items,
+                            tiny_dataset.offsets, tiny_dataset.split, tiny_dataset.times)
+    with pytest.raises(SeqrecError, match=f"another dataset \\(fingerprint {tiny_dataset.fingerprint};.* f0\\)"):
+        tune(base, other, study, budget_s=120, trials=1, final=False)
+    argv = ["tune", "--dataset", str(tiny_dataset.path), "--model", "sasrec", "--trials", "1", "--out", str(study),
+            "--set", "data.max_len=8", "--set", "train.epochs=2", "--set", "model.n_heads=1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"seqrec: error: --out {study}: its study has another base config (train.epochs 3 there, 2 now); "
+                   "give a new --out, or the study's own arguments to go on with it"]
+    moved = {**base, "data": {**base["data"], "dataset": str(tmp_path / "elsewhere")}}
+    assert tune(moved, tiny_dataset, study, budget_s=120, trials=1, final=False)["n_trials"] == 2

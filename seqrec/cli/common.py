@@ -5,7 +5,10 @@ Every command module imports this one and no other command module, so that each 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,46 @@ def resolve_dataset(ref: str) -> Path:
     if (named / "meta.json").is_file():
         return named
     raise SeqrecError(f"no prepared dataset {ref!r} (looked in {path} and {named}); run `seqrec data prepare`")
+
+
+def dataset_ref(ref: str, found: Path) -> str:
+    """What a run records of the dataset `ref` resolved to `found`: a name under $SEQREC_HOME/prepared as it
+    is, a path made absolute (a relative one would name another folder, or none, from elsewhere)."""
+    return ref if found == _home() / "prepared" / ref else str(found.resolve())
+
+
+@contextlib.contextmanager
+def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Around writing a new run into `out`: it must be absent or empty, or, with `overwrite`, hold a run, which
+    is moved aside meanwhile and removed when the new run is written (put back if writing it fails, so a
+    failed command leaves the old run as it was). A run there is refused otherwise (the new run would mix
+    its files with the old one's), as is any folder that is not a run. Checked by one process of a
+    distributed run (the first rank writes the folder)."""
+    aside = None
+    if os.environ.get("RANK", "0") == "0" and out.exists():
+        if not out.is_dir():
+            raise SeqrecError(f"--out {out}: a file is there, not a run folder")
+        if any(out.iterdir()):
+            if not any((out / name).exists() for name in RUN_FILES):
+                raise SeqrecError(f"--out {out}: the folder holds other files, not a run; choose another --out")
+            if not overwrite:
+                done = (out / "results.json").is_file() and not (out / "state").is_dir()
+                raise SeqrecError(f"--out {out} holds a run ({'finished' if done else 'not finished: --resume it'}); "
+                                  "choose another --out, or add --overwrite to replace it")
+            aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+            os.rename(out, aside)
+    try:
+        yield out
+    except BaseException:
+        if aside is not None:
+            shutil.rmtree(out, ignore_errors=True)
+            os.rename(aside, out)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside)
+
+
+RUN_FILES = ("config.json", "results.json", "checkpoint", "state", "data_card.json")  # what makes a run folder
 
 
 def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:

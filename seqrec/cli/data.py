@@ -18,13 +18,41 @@ if TYPE_CHECKING:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from seqrec.data.catalog import KNOWN_DATASETS
     from seqrec.data.fetch import fetch_ml100k
 
     if args.name != "ml-100k":
-        raise SeqrecError(f"fetch knows only ml-100k; for {args.name!r} prepare it with --source DIR")
+        how = (f"`seqrec data prepare {args.name} --source DIR` reads it from its folder"
+               if args.name in KNOWN_DATASETS else
+               f"to prepare your own log: `seqrec data prepare {args.name} --format csv --path FILE "
+               "--user-col COL --item-col COL`")
+        raise SeqrecError(f"fetch downloads only ml-100k, not {args.name!r}; {how}")
     result = fetch_ml100k(_home())
     print(f"ml-100k ready in {result.directory} (source: {result.source}, layout: {result.layout})")
     return 0
+
+
+# the reader options `--format` passes on, and their flags
+FORMAT_FLAGS = {"user_col": "--user-col", "item_col": "--item-col", "time_col": "--time-col", "sep": "--sep",
+                "time_format": "--time-format"}
+
+
+def _format_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The reader options given as flags, checked against what the reader of `--format` takes (so that a
+    mistake is named by its flag, not by the reader's parameter)."""
+    from seqrec.data.catalog import format_options
+
+    required, optional = format_options(args.format)
+    given = {k: getattr(args, k) for k in FORMAT_FLAGS if getattr(args, k) is not None}
+    refused = [k for k in given if k not in required + optional]
+    if refused:
+        takes = ", ".join(FORMAT_FLAGS[k] for k in FORMAT_FLAGS if k in required + optional)
+        raise SeqrecError(f"--format {args.format} does not take {', '.join(FORMAT_FLAGS[k] for k in refused)}; "
+                          + (f"it takes {takes}" if takes else "it takes none (its files have a fixed layout)"))
+    missing = [FORMAT_FLAGS.get(k, k) for k in required if k not in given]
+    if missing:
+        raise SeqrecError(f"--format {args.format} needs {' and '.join(missing)}: the column names in {args.path}")
+    return given
 
 
 def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any]]:
@@ -33,10 +61,7 @@ def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any
     if args.format:
         if not args.path:
             raise SeqrecError("--format needs --path")
-        options = {k: v for k, v in (("user_col", args.user_col), ("item_col", args.item_col),
-                                     ("time_col", args.time_col), ("sep", args.sep),
-                                     ("time_format", args.time_format)) if v is not None}
-        raw = load_format(args.format, Path(args.path), **options)
+        raw = load_format(args.format, Path(args.path), **_format_options(args))
         return raw, {}
     if args.name not in KNOWN_DATASETS:
         raise SeqrecError(f"unknown dataset {args.name!r}; known: {', '.join(sorted(KNOWN_DATASETS))} "
@@ -69,8 +94,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     raw, defaults = _prepare_source(args)
     raw = _with_item_table(raw, args)
-    if args.format and args.name:  # the dataset is called what the user named it, not after its file
-        raw = dataclasses.replace(raw, name=args.name)
     keys = ("dedupe", "kcore", "min_user_len", "split", "test_frac", "valid_frac")
     for key in keys:
         if getattr(args, key) is not None:
@@ -78,7 +101,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     options = PrepareOptions(**{k: v for k, v in defaults.items() if k in keys})
     name = args.name or Path(args.path).stem
     dest = Path(args.out) if args.out else _home() / "prepared" / name
-    data = prepare(raw, options, dest)
+    # the dataset is called after its folder, the name `--dataset` finds it by (`--out .../ml-100k-time`
+    # gives ml-100k-time, not ml-100k), so runs on two preparations of one source are told apart
+    name = dest.resolve().name or name
+    data = prepare(dataclasses.replace(raw, name=name), options, dest)
     s = data.stats()
     print(f"prepared {name} -> {dest} in {time.perf_counter() - t0:.1f}s: "
           f"{s['users']} users, {s['items']} items, {s['interactions']} interactions")
@@ -155,14 +181,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--format", help="csv, tsv, parquet, jsonl, movielens, recbole, recbole-seq, unisrec, s3rec, "
                     "lcrec, diginetica")
     pr.add_argument("--path", help="input file or folder for --format")
-    for col in ("user-col", "item-col", "time-col", "sep", "time-format"):
-        pr.add_argument(f"--{col}")
+    pr.add_argument("--user-col", help="the log's user id column")
+    pr.add_argument("--item-col", help="the log's item id column")
+    pr.add_argument("--time-col", help="the log's time column: numbers, or ISO 8601 dates / times unless "
+                    "--time-format gives another layout")
+    pr.add_argument("--sep", help="the log's field separator when its suffix does not say: one character, "
+                    r"or \t or tab for a tab")
+    pr.add_argument("--time-format", help="the strftime layout of times that are not ISO 8601 or numbers (those "
+                    "are refused without it: day / month order is never guessed)")
     pr.add_argument("--items", metavar="TABLE",
                     help="item table (CSV/TSV/Parquet/JSONL) joined on the item id; it becomes the catalogue")
     pr.add_argument("--item-key", help="the item table's id column (default: --item-col, else item_id)")
-    pr.add_argument("--items-sep", help="the item table's separator when its suffix does not say")
+    pr.add_argument("--items-sep", help=r"the item table's separator when its suffix does not say (\t or tab for "
+                    "a tab)")
     pr.add_argument("--text-template", help='item text from the table\'s fields, e.g. "{title}. {brand}"')
-    pr.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME)")
+    pr.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME); the dataset is named "
+                    "after it")
     pr.add_argument("--dedupe", choices=["none", "consecutive", "first"])
     pr.add_argument("--kcore", type=int)
     pr.add_argument("--min-user-len", type=int)

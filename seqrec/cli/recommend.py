@@ -57,7 +57,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                if not all(part.strip() for part in item.partition("=")[::2])]
         if bad:
             raise SeqrecError(f"--new-item takes ID=TEXT, got {bad[0]!r}")
-        rec.add_items(dict(item.split("=", 1) for item in args.new_item))
+        new = dict(item.split("=", 1) for item in args.new_item)
+        known = [raw for raw in new if raw in rec.index]
+        if known or len(new) < len(args.new_item):
+            raise SeqrecError(f"--new-item {(known or ['an id'])[0]}: " + (
+                "already an item of the run; --new-item adds items unseen in training (give it another id)"
+                if known else "given more than once"))
+        rec.add_items(new)
     if (args.history is None) == (args.user is None):
         raise SeqrecError("give exactly one of --history or --user")
     if args.user is not None and (args.times or args.event):
@@ -69,7 +75,6 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         for raw in history[-10:]:
             title = titles[rec.index[raw] - 1]
             print(f"       {raw:<12} {title or ''}")
-        print(f"top {args.k}{' (seen items excluded)' if args.exclude_seen else ''}:")
     else:
         history = args.history.replace(",", " ").split()
         times = [number(t, "--times") for t in args.times.replace(",", " ").split()] if args.times else None
@@ -85,6 +90,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     candidates = args.candidates.replace(",", " ").split() if args.candidates else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)
+    if args.user is not None:
+        fewer = f" (of k={args.k}: no more items are left)" if len(recs) < args.k else ""
+        print(f"top {len(recs)}{' (seen items excluded)' if args.exclude_seen else ''}{fewer}:")
     for rank, r in enumerate(recs, start=1):
         title = f"  {r.title}" if r.title else ""
         print(f"{rank:>5}  {r.item:<12} {r.score:>9.4f}{title}")

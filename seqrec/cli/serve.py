@@ -117,6 +117,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ready_timeout is not None and args.workers == 1:
         raise SeqrecError("--ready-timeout is for --workers > 1 (one process has no workers to replace: a deploy "
                           "there is a restart)")
+    from seqrec.train.loop import pick_device
+
+    args.device = str(pick_device(args.device))  # one that is not there is a one-line error here, not a traceback
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
         raise SeqrecError(f"--session-ttl must be a finite number of seconds > 0, got {args.session_ttl}")
     for flag, path in (("--catalogue-log", args.catalogue_log), ("--session-store", args.session_store)):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqrec.cli.common import print_metrics, resolve_dataset
+from seqrec.cli.common import print_metrics, resolve_dataset, run_folder
 from seqrec.errors import SeqrecError
 
 
@@ -64,7 +64,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     model_cfg = build(UniSRecConfig, {"name": "unisrec", **sets["model"]}, "model")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"pretrain-{'+'.join(names)}-{cfg.negatives}-{stamp}"
-    results = pretrain(cfg, model_cfg, run_dir, recipe=args.config)
+    with run_folder(run_dir, args.overwrite):
+        results = pretrain(cfg, model_cfg, run_dir, recipe=args.config)
     print(f"run: {run_dir}  ({results['steps']} steps, {results['train_seconds']:.0f}s, "
           f"{results['sequences_per_s']:.0f} sequences/s, peak RSS {results['peak_rss_mb']:.0f} MB, "
           f"final loss {results['final_loss']:.4f})")
@@ -116,11 +117,13 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         from seqrec.train.loop import pick_device
         from seqrec.train.transfer import zero_shot
 
-        results = zero_shot(pretrained, data, cfg, run_dir, pick_device(cfg.train.device))
+        with run_folder(run_dir, args.overwrite):
+            results = zero_shot(pretrained, data, cfg, run_dir, pick_device(cfg.train.device))
         print(f"run: {run_dir}  (zero-shot: no training on {data.meta['name']})")
         print_metrics(results)
         return 0
-    results = fit(cfg, data, run_dir, model=model)
+    with run_folder(run_dir, args.overwrite):
+        results = fit(cfg, data, run_dir, model=model)
     print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}, "
           f"{results['train_seconds']:.0f}s)")
     print_metrics(results)
@@ -154,7 +157,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--config", help="TOML recipe with [pretrain] and [model] (e.g. configs/pretrain.toml)")
     pt.add_argument("--negatives", choices=["in-batch", "moco"])
     pt.add_argument("--set", action="append", metavar="pretrain.KEY=V | model.KEY=V")
-    pt.add_argument("--out", help="run folder (default runs/pretrain-...)")
+    pt.add_argument("--out", help="run folder (default runs/pretrain-...); one that holds a run is refused")
+    pt.add_argument("--overwrite", action="store_true", help="replace the run --out holds (its folder removed "
+                        "first)")
     pt.set_defaults(fn=cmd_pretrain)
     ft = sub.add_parser("finetune", help="fine-tune a pre-trained UniSRec on a dataset")
     ft.add_argument("dataset")
@@ -166,5 +171,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "Transformer)")
     ft.add_argument("--config", help="TOML file with [data] [train] [eval] (and [model] overrides)")
     ft.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
-    ft.add_argument("--out", help="run folder")
+    ft.add_argument("--out", help="run folder; one that holds a run is refused")
+    ft.add_argument("--overwrite", action="store_true", help="replace the run --out holds (its folder removed "
+                        "first)")
     ft.set_defaults(fn=cmd_finetune)

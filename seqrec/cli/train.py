@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqrec.cli.common import print_metrics, resolve_dataset, run_config
-from seqrec.errors import SeqrecError
+from seqrec.cli.common import dataset_ref, print_metrics, resolve_dataset, run_config, run_folder
+from seqrec.errors import SeqrecError, not_a_run
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -28,11 +28,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = resolve(raw, overrides)
     if not cfg.data.dataset:
         raise SeqrecError("no dataset: give --dataset or data.dataset in the config")
-    data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
+    found = resolve_dataset(cfg.data.dataset)
+    cfg.data.dataset = dataset_ref(cfg.data.dataset, found)
+    data = PreparedDataset.load(found)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-{cfg.model.name}-{stamp}"
     init = Path(args.init_items_from) if args.init_items_from else None
-    report_run(run_dir, fit(cfg, data, run_dir, init_items_from=init))
+    with run_folder(run_dir, args.overwrite):
+        report_run(run_dir, fit(cfg, data, run_dir, init_items_from=init))
     return 0
 
 
@@ -53,12 +56,12 @@ def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
     from seqrec.train.loop import fit
 
     given = [flag for flag, value in (("--dataset", args.dataset), ("--model", args.model), ("--config", args.config),
-                                      ("--set", args.set), ("--out", args.out),
+                                      ("--set", args.set), ("--out", args.out), ("--overwrite", args.overwrite),
                                       ("--init-items-from", args.init_items_from)) if value]
     if given:
         raise SeqrecError(f"--resume continues a run with its own config: drop {', '.join(given)}")
     if not (run_dir / "config.json").is_file():
-        raise SeqrecError(f"{run_dir}: not a run folder (no config.json)")
+        raise not_a_run(run_dir, "config.json")
     if (run_dir / "results.json").is_file() and not (run_dir / "state").is_dir():
         raise SeqrecError(f"{run_dir}: the run has finished (results.json is there); nothing to resume")
     cfg = run_config(run_dir)
@@ -75,7 +78,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     run = Path(args.run)
     if not (run / "config.json").is_file():
-        raise SeqrecError(f"{run}: not a run folder (no config.json)")
+        raise not_a_run(run, "config.json")
     from seqrec.train.transfer import is_pretrain_run
 
     if is_pretrain_run(run):
@@ -148,11 +151,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `train` and `evaluate` on the top-level subparsers."""
     t = sub.add_parser("train", help="train a model; writes a run folder")
-    t.add_argument("--dataset")
-    t.add_argument("--model")
+    t.add_argument("--dataset", help="a prepared dataset: its name (under $SEQREC_HOME/prepared) or folder")
+    t.add_argument("--model", help="item2vec, gru4rec, sasrec, bert4rec or unisrec (default: the config's, else "
+                   "sasrec)")
     t.add_argument("--config", help="TOML file with [data] [model] [train] [eval]")
     t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
-    t.add_argument("--out", help="run folder (default runs/DATASET-MODEL-TIME)")
+    t.add_argument("--out", help="run folder (default runs/DATASET-MODEL-TIME); one that holds a run is refused")
+    t.add_argument("--overwrite", action="store_true", help="replace the run --out holds (its folder removed first)")
     t.add_argument("--init-items-from", metavar="RUN",
                    help="initialise the item table from RUN's item vectors (e.g. an item2vec run)")
     t.add_argument("--resume", metavar="RUN",
@@ -174,5 +179,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tu.add_argument("--min-trials", type=int,
                     help="no trial trains longer than budget x jobs / this, so that at least this many run (default 6)")
     tu.add_argument("--seed", type=int, default=0, help="the sampler's seed")
-    tu.add_argument("--out", help="study folder (default runs/tune-...); an existing one is resumed")
+    tu.add_argument("--out", help="study folder (default runs/tune-...); an existing one is resumed, given the "
+                    "same model, dataset and base config")
     tu.set_defaults(fn=cmd_tune)

@@ -194,6 +194,17 @@ FORMATS: dict[str, Callable[..., RawDataset]] = {
 }
 
 
+def format_options(fmt: str) -> tuple[list[str], list[str]]:
+    """The keyword options of the reader for `fmt`: (required, optional), so that a caller can name them in
+    its own words (the CLI as flags) before `load_format` would refuse them."""
+    reader = FORMATS.get(fmt.lower())
+    if reader is None:
+        raise SeqrecError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    params = list(inspect.signature(reader).parameters.values())[1:]
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+    return required, [p.name for p in params if p.name not in required]
+
+
 def load_format(fmt: str, path: Path, **options: Any) -> RawDataset:
     """Read `path` with the reader for `fmt`; `options` are that reader's keyword arguments."""
     reader = FORMATS.get(fmt.lower())

@@ -54,12 +54,16 @@ class PrepareOptions:
     def __post_init__(self) -> None:
         if self.dedupe not in ("none", "consecutive", "first"):
             raise SeqrecError(f"dedupe must be none, consecutive or first, got {self.dedupe!r}")
-        if self.kcore < 0 or self.min_user_len < 1:
-            raise SeqrecError("kcore must be >= 0 and min_user_len >= 1")
+        # each message names the field and its `seqrec data prepare` flag
+        if self.kcore < 0:
+            raise SeqrecError(f"kcore (--kcore) must be >= 0, got {self.kcore}")
+        if self.min_user_len < 1:
+            raise SeqrecError(f"min_user_len (--min-user-len) must be >= 1, got {self.min_user_len}")
         if self.split not in ("leave-one-out", "time"):
             raise SeqrecError(f"split must be leave-one-out or time, got {self.split!r}")
         if not (0 < self.test_frac < 1 and 0 < self.valid_frac < 1 and self.test_frac + self.valid_frac < 1):
-            raise SeqrecError("test_frac and valid_frac must be in (0, 1) with a sum below 1")
+            raise SeqrecError(f"test_frac (--test-frac) and valid_frac (--valid-frac) must be in (0, 1) with a sum "
+                              f"below 1, got {self.test_frac:g} and {self.valid_frac:g}")
 
 
 def order_events(frame: pl.DataFrame) -> pl.DataFrame:
@@ -148,10 +152,10 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
     if presplit and (options.kcore > 1 or options.dedupe != "none" or options.split != "leave-one-out"):
         raise SeqrecError(
             f"{source}: the input is pre-split; filtering or another split would change its split "
-            "(use kcore=0, dedupe=none and the default split)"
+            "(leave --kcore, --dedupe and --split at their defaults: kcore=0, dedupe=none, leave-one-out)"
         )
     if options.split == "time" and frame["timestamp"].null_count():
-        raise SeqrecError(f"{source}: a time split needs timestamps, and "
+        raise SeqrecError(f"{source}: a time split needs timestamps (--time-col), and "
                           f"{frame['timestamp'].null_count()} of {frame.height} events have none")
     n_raw = frame.height
     frame = dedupe(order_events(frame), options.dedupe)

@@ -26,10 +26,13 @@ def line_error(path: Path, lineno: int, message: str) -> SeqrecError:
 
 
 def require_file(path: Path, what: str = "file") -> Path:
+    """`path` when it is a regular file; else a one-line error (`what` names it: "file", "item table")."""
     path = Path(path)
+    if path.is_dir():
+        raise SeqrecError(f"{path}: {what} is a folder, not a file")
     if not path.is_file():
-        where = "is a folder, not a file" if path.is_dir() else "not found"
-        raise SeqrecError(f"{path}: {what} {where}")
+        problem = "not a regular file" if path.exists() else "no such file"
+        raise SeqrecError(f"{path}: {problem}" + ("" if what in ("file", "table") else f" (the {what})"))
     return path
 
 

@@ -1,23 +1,29 @@
 """Generic table reader (CSV / TSV / Parquet / JSON lines) and the DIGINETICA session sample.
 
 Columns are chosen by name. Times may be numeric (kept as Float64) or date /
-datetime strings, parsed with `time_format` (strftime codes) or, by default, as
-ISO 8601, and turned into epoch seconds (naive times are taken as UTC). User and
-item ids are kept as strings exactly as written (CSV columns are read as text, so
-"007" stays "007").
+datetime strings, parsed with `time_format` (strftime codes) or, without one, as
+ISO 8601 only, and turned into epoch seconds (naive times are taken as UTC). No
+other layout is guessed: 01/02/2020 may be the 1st of February or the 2nd of
+January, so it needs `time_format`. User and item ids are kept as strings exactly
+as written (CSV columns are read as text, so "007" stays "007").
+
+A file polars cannot read is reported at its first bad line: the first JSON line
+that is not an object, the first CSV row with more fields than its header.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import polars as pl
 
-from seqrec.data.readers_io import make_dataset, require_file
+from seqrec.data.readers_io import line_error, make_dataset, require_file
 from seqrec.data.types import RawDataset
 from seqrec.errors import SeqrecError
 
@@ -26,6 +32,16 @@ log = logging.getLogger(__name__)
 _SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 _PARQUET = (".parquet", ".pq")
 _JSONL = (".jsonl", ".ndjson")
+TAB_NAMES = ("\\t", "tab")  # a tab as typed on a command line: the escape `\t` (two characters) or the word
+
+
+def separator(sep: str, path: Path) -> str:
+    """One character; `\\t` and `tab` (any case) mean a tab."""
+    if sep.lower() in TAB_NAMES:
+        return "\t"
+    if len(sep) != 1:
+        raise SeqrecError(f"{path}: the separator must be one character (or \\t or tab for a tab), got {sep!r}")
+    return sep
 
 
 @dataclass(frozen=True)
@@ -46,9 +62,7 @@ class TableFile:
         if suffix in _JSONL:
             return cls(path, "jsonl")
         if sep is not None:
-            if len(sep) != 1:
-                raise SeqrecError(f"{path}: the separator must be one character, got {sep!r}")
-            return cls(path, "csv", sep)
+            return cls(path, "csv", separator(sep, path))
         if suffix not in _SEPARATORS:
             known = ", ".join([*_SEPARATORS, *_PARQUET, *_JSONL])
             raise SeqrecError(f"{path}: unknown table type {suffix!r} (known: {known}; or pass a separator)")
@@ -62,7 +76,7 @@ class TableFile:
                 return self._jsonl().columns
             return pl.read_csv(self.path, separator=self.sep or ",", n_rows=0, infer_schema=False).columns
         except (pl.exceptions.PolarsError, OSError) as err:
-            raise SeqrecError(f"{self.path}: cannot read the header ({_first_line(err)})") from None
+            raise self._error(err, "cannot read the header" if self.kind == "csv" else "cannot read") from None
 
     def load(self, wanted: list[str], text_cols: Sequence[str] = ()) -> pl.DataFrame:
         """Only the wanted columns; `text_cols` are read from CSV as Utf8, others inferred."""
@@ -75,7 +89,21 @@ class TableFile:
                                schema_overrides={c: pl.Utf8 for c in text_cols},
                                infer_schema_length=None, null_values=[""])
         except (pl.exceptions.PolarsError, OSError) as err:
-            raise SeqrecError(f"{self.path}: cannot read ({_first_line(err)})") from None
+            raise self._error(err, "cannot read") from None
+
+    def _error(self, err: Exception, what: str) -> SeqrecError:
+        """The first bad line of a file polars refused, when one is found; else polars' own first line.
+        (A Python pass over the lines, on this error path only, that stops at the first bad one.)"""
+        found = None
+        if self.kind != "parquet":
+            try:
+                with self.path.open(encoding="utf-8", errors="replace", newline="") as lines:
+                    found = _bad_json_line(lines) if self.kind == "jsonl" else _long_csv_row(lines, self.sep or ",")
+            except OSError:
+                pass
+        if found is not None:
+            return line_error(self.path, *found)
+        return SeqrecError(f"{self.path}: {what} ({_first_line(err)})")
 
     def _jsonl(self) -> pl.DataFrame:
         """Every line an object; fields missing from a line are null."""
@@ -92,6 +120,50 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
+def _bad_json_line(lines: Iterable[str]) -> tuple[int, str] | None:
+    """(line number, problem) of the first non-blank line that is not one JSON object."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            return lineno, f"not valid JSON ({err.msg} at character {err.colno})"
+        if not isinstance(value, dict):
+            return lineno, "not a JSON object (JSON lines hold one object per line)"
+    return None
+
+
+def _long_csv_row(lines: Iterable[str], sep: str) -> tuple[int, str] | None:
+    """(line number, problem) of the first row with more fields than the header (rows with fewer are
+    read with nulls)."""
+    reader = csv.reader(lines, delimiter=sep)
+    header = next(reader, None)
+    start = reader.line_num + 1
+    for row in reader:
+        if header is not None and len(row) > len(header):
+            shown = "TAB" if sep == "\t" else repr(sep)
+            return start, f"{len(row)} {shown}-separated fields, but the header has {len(header)}"
+        start = reader.line_num + 1
+    return None
+
+
+# Without a time format only ISO 8601 is read (with "T" or a space before the time, optional seconds and
+# fraction, optional Z / +hh:mm); day / month order is never guessed from the values.
+ISO_LAYOUTS = ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M%#z",
+               "%Y-%m-%d %H:%M:%S%.f%#z")
+TIME_FORMAT_HINT = ("ISO 8601 (2020-09-13, 2020-09-13T12:27:00) or a number; give any other layout with "
+                    "--time-format, e.g. '%d/%m/%Y %H:%M' (day first) or '%m/%d/%Y' (month first): day / month "
+                    "order is never guessed")
+
+
+def iso_seconds(text: pl.Series) -> pl.Series:
+    """ISO 8601 strings as epoch seconds (naive times as UTC); null where a value is in no ISO layout."""
+    spaced = text.str.replace(r"^(\d{4}-\d{1,2}-\d{1,2})T", "${1} ")
+    parsed = [spaced.str.strptime(pl.Datetime("us"), layout, strict=False).dt.epoch("us") for layout in ISO_LAYOUTS]
+    return pl.select(pl.coalesce(parsed)).to_series().cast(pl.Float64) / 1e6
+
+
 def to_epoch_seconds(values: pl.Series, time_format: str | None, table: TableFile) -> pl.Series:
     """Numbers as they are; datetimes / dates / strings as seconds since 1970-01-01 UTC."""
     dtype = values.dtype
@@ -102,30 +174,21 @@ def to_epoch_seconds(values: pl.Series, time_format: str | None, table: TableFil
         out = stamps.dt.epoch("us").cast(pl.Float64) / 1e6
     elif dtype == pl.Utf8:
         text = values.str.strip_chars()
-        numeric = None if time_format is not None else text.cast(pl.Float64, strict=False)
-        if numeric is not None and numeric.null_count() == values.null_count():
-            out = numeric  # plain numbers
-        elif numeric is not None:
-            try:
-                out = text.str.to_datetime(time_unit="us", strict=False).dt.epoch("us").cast(pl.Float64) / 1e6
-            except pl.exceptions.ComputeError:  # no ISO 8601 layout fits: the values that are not numbers are bad
-                out = numeric
-        else:
+        if time_format is not None:
             parsed = text.str.strptime(pl.Datetime("us"), time_format, strict=False)
             out = parsed.dt.epoch("us").cast(pl.Float64) / 1e6
+        else:
+            out = _numbers_or_iso(text, values, table)
     else:
         raise SeqrecError(f"{table.path}: time column {values.name!r} has unsupported type {dtype}")
     bad = (out.is_null() & values.is_not_null()).arg_true()
     missing = values.is_null().arg_true()
     if bad.len() or missing.len():
         index = min([*bad.head(1).to_list(), *missing.head(1).to_list()])
-        shown = values[index]
-        hint = (
-            f"format {time_format!r}" if time_format else "ISO 8601 or a number (pass time_format)"
-        )
-        raise SeqrecError(
-            f"{table.row_label(index)}: time {values.name!r} value {shown!r} is not {hint}"
-        )
+        if values[index] is None:
+            raise SeqrecError(f"{table.row_label(index)}: empty time in column {values.name!r}")
+        hint = f"in the --time-format layout {time_format!r}" if time_format else TIME_FORMAT_HINT
+        raise SeqrecError(f"{table.row_label(index)}: time {values.name!r} value {values[index]!r} is not {hint}")
     infinite = (~out.is_finite()).arg_true()
     if infinite.len():
         index = int(infinite[0])
@@ -133,6 +196,24 @@ def to_epoch_seconds(values: pl.Series, time_format: str | None, table: TableFil
                           "is not a finite number")
     check_time_range(out, table.path, values.name)
     return out
+
+
+def _numbers_or_iso(text: pl.Series, values: pl.Series, table: TableFile) -> pl.Series:
+    """Numbers, or else ISO 8601 times, as seconds; null where a value is neither (the caller reports it).
+    A column of both (some numbers, some dates) is refused: the two cannot be ordered together."""
+    numeric = text.cast(pl.Float64, strict=False)
+    if numeric.null_count() == values.null_count():
+        return numeric
+    iso = iso_seconds(text)
+    if iso.null_count() == values.null_count():
+        return iso
+    both = numeric.fill_null(iso)
+    if both.null_count() == values.null_count():  # each value a number or a date, and both kinds present
+        num, date = int(numeric.is_not_null().arg_true()[0]), int(iso.is_not_null().arg_true()[0])
+        raise SeqrecError(f"{table.row_label(num)}: time {values.name!r} value {values[num]!r} is a number, but "
+                          f"{table.row_label(date).rsplit(', ', 1)[1]} holds the date {values[date]!r}; a time "
+                          "column holds numbers or dates, not both")
+    return both
 
 
 # Finite times are kept as they are: they order each user's events, whatever their unit. Only the

@@ -160,6 +160,7 @@ class TextEncoder:
     def __init__(self, name: str, pooling: str = "mean", max_length: int = 128, revision: str = "",
                  device: str = "cpu", precision: str = "auto") -> None:
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         self.source = resolve_encoder(name)
         local = Path(self.source).is_dir()
@@ -168,12 +169,17 @@ class TextEncoder:
         self.revision = revision or (_local_revision(Path(self.source)) if local else "main")
         where = str(_transformer_dir(Path(self.source))) if local else self.source
         kwargs = {} if local else {"revision": self.revision}
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its weight-loading bar on every load is noise in a command's output
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
             self.model = AutoModel.from_pretrained(where, **kwargs).to(device).eval()
         except (OSError, ValueError) as exc:  # not there, not a model folder, not on the hub (or offline)
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise SeqrecError(f"text encoder {name!r}: cannot load it ({reason})") from None
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
         self.model.requires_grad_(False)
         self.pooling, self.max_length, self.device = pooling, max_length, device
         check_precision(precision)
@@ -230,6 +236,8 @@ def cache_key(options: TextOptions, source: str, revision: str | None, thash: st
             "word_drop_seed": options.seed, "missing": options.missing if any_missing else "none missing"}
 
 
+FALLBACK = ('model.text_missing = "id" or "mean" for training (e.g. --set model.text_missing=\'"id"\'), '
+            "--missing id | mean for `seqrec text encode`")
 AUTO_MISSING_SHARE = 0.01  # "auto": the mean vector for at most this share of the items, else an error
 
 
@@ -244,13 +252,13 @@ def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTe
         if share > AUTO_MISSING_SHARE:
             raise SeqrecError(f"{n} of {len(texts)} items ({share:.1%}) have no text (e.g. {shown}), more than "
                               f"the {AUTO_MISSING_SHARE:.0%} that text_missing='auto' stands in for; pass a template "
-                              "that covers them or choose a fallback (--missing id | mean, model.text_missing)")
+                              "that covers them or choose a fallback: " + FALLBACK)
         log.warning("%d item(s) have no text (e.g. %s): they get the mean text vector (text_missing='auto'; "
                     "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
         policy = "mean"
     if n and policy == "error":
         raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); pass a template that "
-                          "covers them or choose a fallback (--missing id | mean)")
+                          "covers them or choose a fallback: " + FALLBACK)
     filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
     return filled, missing, policy
 

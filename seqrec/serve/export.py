@@ -50,7 +50,7 @@ from torch import nn
 from seqrec import __version__
 from seqrec.data.batching import Batch
 from seqrec.data.io import atomic_dir
-from seqrec.errors import SeqrecError
+from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.base import SequentialModel
 from seqrec.serve.export_inputs import (
     check_vocabularies,
@@ -153,7 +153,7 @@ def checkpoint_dir(run: Path) -> Path:
     run = Path(run)
     ckpt = run / "checkpoint" if (run / "checkpoint").is_dir() else run
     if not (ckpt / "model.json").is_file():
-        raise SeqrecError(f"{run}: no checkpoint found (expected {ckpt / 'model.json'})")
+        raise not_a_run(run, "checkpoint/model.json")
     return ckpt
 
 

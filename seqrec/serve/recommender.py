@@ -32,7 +32,7 @@ import torch
 
 from seqrec.data.batching import Batch, history_batch
 from seqrec.data.features import DERIVED_EVENTS, event_values
-from seqrec.errors import SeqrecError
+from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.base import SequentialModel
 from seqrec.serve.ann import Retriever
 from seqrec.serve.catalogue import Catalogue
@@ -88,7 +88,7 @@ class Recommender(LiveCatalogue):
         path = Path(path)
         ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
         if not (ckpt / "model.json").is_file():
-            raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
+            raise not_a_run(path, "checkpoint/model.json")
         model, meta = load_checkpoint(ckpt, device)
         rec = cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
         rec.run = str(path.resolve())

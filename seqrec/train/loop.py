@@ -54,9 +54,16 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
         raise SeqrecError(f"train.device: {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise SeqrecError(f"device {name!r}: {why} (use cpu, or auto: CUDA where there is one)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise SeqrecError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def seed_everything(seed: int) -> None:
@@ -139,6 +146,11 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
     world, rank_device = init_world(cfg.train.device)
+    if not cfg.data.dataset:  # given as a dataset object (Python): the run records where it lies
+        cfg.data.dataset = str(Path(data.path).resolve())
+    if 10 not in cfg.eval.ks and world.main:
+        log.warning("eval.ks has no 10: the model is chosen on validation %s (results.json says so too)",
+                    selection_metric(cfg.eval.ks))
     data = data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)

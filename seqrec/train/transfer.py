@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from seqrec.config import build
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
-from seqrec.errors import SeqrecError
+from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
 from seqrec.train.checkpoint import read_meta, save_checkpoint, verify_checkpoint
 
@@ -47,7 +47,7 @@ def checkpoint_dir(path: Path) -> Path:
     path = Path(path)
     ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
     if not (ckpt / "model.json").is_file():
-        raise SeqrecError(f"{path}: no checkpoint found (expected {ckpt / 'model.json'})")
+        raise not_a_run(path, "checkpoint/model.json")
     return ckpt
 
 
