@@ -235,11 +235,11 @@ def load_toml(path: Path) -> dict[str, Any]:
 def with_model_train_defaults(model_cls: type, given: dict[str, Any]) -> dict[str, Any]:
     """`given` (a `[train]` table) over the model's own training defaults: the `TRAIN_DEFAULTS` of its
     config class, groups of settings that go together (an optimiser and its weight decay), each applied
-    only when the table sets none of its keys, so that `optimizer = "adam"` never inherits the
-    decay chosen for AdamW."""
+    only when the table sets none of its keys to another value, so that `optimizer = "adam"` never
+    inherits the decay chosen for AdamW (while `optimizer = "adamw"`, the group's own, keeps it)."""
     merged: dict[str, Any] = {}
     for group in getattr(model_cls, "TRAIN_DEFAULTS", ()):
-        if not set(group) & set(given):
+        if all(given.get(key, value) == value for key, value in group.items()):
             merged.update(group)
     return {**merged, **given}
 

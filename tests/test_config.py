@@ -81,13 +81,16 @@ def test_numeric_settings_out_of_range_are_one_line_errors(override: str, messag
 
 
 def test_model_training_defaults_apply_by_group() -> None:
-    """A model's TRAIN_DEFAULTS sit beneath the given [train] table, a group only when none of its keys is given."""
+    """A model's TRAIN_DEFAULTS sit beneath the given [train] table, a group only when none of its keys is given
+    another value."""
     sasrec = resolve({}, ['model.name="sasrec"']).train
     assert (sasrec.optimizer, sasrec.weight_decay, sasrec.ema, sasrec.refit) == ("adamw", 0.1, 0.997, True)
     plain = resolve({}, ['model.name="sasrec"', 'train.optimizer="adam"', "train.refit=false"]).train
     assert (plain.optimizer, plain.weight_decay, plain.ema, plain.refit) == ("adam", 0.0, 0.997, False)
     decay = resolve({"train": {"weight_decay": 0.01}}, ['model.name="sasrec"']).train
     assert (decay.optimizer, decay.weight_decay) == ("adam", 0.01)  # the group is the pair: no AdamW added
+    own = resolve({}, ['model.name="sasrec"', 'train.optimizer="adamw"']).train  # the group's own value, set
+    assert (own.optimizer, own.weight_decay) == ("adamw", 0.1)
     for name in ("gru4rec", "bert4rec", "unisrec"):
         train = resolve({}, [f'model.name="{name}"']).train
         assert (train.optimizer, train.weight_decay, train.ema, train.refit) == ("adam", 0.0, 0.0, True), name
