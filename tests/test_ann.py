@@ -268,3 +268,15 @@ def test_default_ivf_lists_train_on_enough_items():
         lists = default_n_lists(n)
         assert lists >= 1 and (lists == 1 or n // lists >= 39), (n, lists)
     assert default_n_lists(20_000) == round(2 * 20_000 ** 0.5)  # large catalogues keep 2 sqrt(N)
+
+
+def test_a_tiny_catalogue_builds_an_ivf_index_without_faiss_warnings(capfd: pytest.CaptureFixture[str]) -> None:
+    """Fewer items than FAISS wants per list (one list, 31 items): no clustering warning on stderr, and the
+    index still finds the exact top-k."""
+    vectors = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    retriever = FaissRetriever("ivf", vectors)
+    assert "WARNING" not in capfd.readouterr().err
+    queries = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    _, ids = retriever.search(queries, 5)
+    exact = (queries @ vectors[1:].T).topk(5).indices + 1
+    assert torch.equal(torch.as_tensor(ids), exact)

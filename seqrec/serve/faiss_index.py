@@ -128,6 +128,8 @@ class FaissRetriever(Retriever):
         else:
             index = faiss.IndexIVFFlat(faiss.IndexFlatL2(x.shape[1]), x.shape[1], n_lists, faiss.METRIC_L2)
             index.cp.seed = self.seed
+            if n_lists == 1:  # a catalogue too small for more: one list needs no clustering, nor its warning
+                index.cp.min_points_per_centroid = 1
             n_train = min(len(x), 256 * n_lists)
             pick = np.sort(np.random.default_rng(self.seed).choice(len(x), n_train, replace=False))
             index.train(x[pick] if n_train < len(x) else x)
