@@ -111,6 +111,18 @@ def test_candidates_rank_as_the_full_ranking_does(runs: dict[str, Path]) -> None
     assert client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": []}).status_code == 422
 
 
+def test_json_integers_are_taken_as_item_ids(runs: dict[str, Path]) -> None:
+    """[50, 172] means ["50", "172"] (ids that look like numbers); true and 3.5 are not ids."""
+    rec = Recommender.from_run(runs["sasrec"])
+    client = TestClient(create_app(rec))
+    unknown = client.post("/recommend", json={"history": [3, "i4"], "k": 3})
+    assert unknown.status_code == 404 and "'3'" in unknown.json()["error"]
+    got = client.post("/recommend", json={"history": ["i3", "i4"], "k": 3, "candidates": ["i5", 7]})
+    assert got.status_code == 404 and "'7'" in got.json()["error"]
+    for bad in (True, 3.5):
+        assert client.post("/recommend", json={"history": [bad], "k": 3}).status_code == 422
+
+
 @pytest.mark.parametrize("name", ["sasrec", "sasrec-end", "gru4rec", "bert4rec", "unisrec"])
 def test_session_equals_recommend_on_the_same_history(runs: dict[str, Path], name: str) -> None:
     rec = Recommender.from_run(runs[name])

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from seqrec.errors import SeqrecError
@@ -39,7 +39,16 @@ from seqrec.serve.sessions import Sessions
 
 log = logging.getLogger("seqrec.serve")
 
-ItemId = Annotated[str, Field(min_length=1, max_length=256, description="a raw item id")]
+
+
+def _integer_id(value: Any) -> Any:
+    """A JSON integer given as an item id (MovieLens's ids look like numbers) is its decimal string."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+ItemId = Annotated[str, BeforeValidator(_integer_id),
+                   Field(min_length=1, max_length=256, description="a raw item id (a JSON integer is taken as its "
+                         "decimal string)")]
 
 
 class Strict(BaseModel):
