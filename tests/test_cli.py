@@ -185,3 +185,13 @@ def test_a_run_trained_from_python_records_its_dataset(home: Path, capsys: pytes
     fit(cfg, PreparedDataset.load(home / "home" / "prepared" / "toy"), home / "py-run")
     assert main(["evaluate", str(home / "py-run")]) == 0
     assert main(["recommend", str(home / "py-run"), "--user", "u1", "-k", "3"]) == 0
+
+
+def test_preparing_again_says_when_it_replaced_other_data(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prep = ["data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"), "--user-col", "uid",
+            "--item-col", "iid", "--time-col", "ts"]
+    assert run(capsys, *prep)[0] == 0
+    code, out, _ = run(capsys, *prep)  # the same data and options: the same dataset
+    assert code == 0 and "replaced" not in out
+    code, out, _ = run(capsys, *prep, "--min-user-len", "6")
+    assert code == 0 and "it replaced a preparation with other data or options: fingerprint" in out

@@ -104,11 +104,23 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     # the dataset is called after its folder, the name `--dataset` finds it by (`--out .../ml-100k-time`
     # gives ml-100k-time, not ml-100k), so runs on two preparations of one source are told apart
     name = dest.resolve().name or name
+    before = _fingerprint(dest)
     data = prepare(dataclasses.replace(raw, name=name), options, dest)
     s = data.stats()
     print(f"prepared {name} -> {dest} in {time.perf_counter() - t0:.1f}s: "
           f"{s['users']} users, {s['items']} items, {s['interactions']} interactions")
+    if before not in (None, data.fingerprint):
+        print(f"(it replaced a preparation with other data or options: fingerprint {before} -> {data.fingerprint}; "
+              "runs trained on the old one no longer evaluate on it)")
     return 0
+
+
+def _fingerprint(dest: Path) -> str | None:
+    """The fingerprint of the dataset prepared in `dest`, if one is there."""
+    try:
+        return str(json.loads((dest / "meta.json").read_text())["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
