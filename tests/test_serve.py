@@ -111,6 +111,23 @@ def test_candidates_rank_as_the_full_ranking_does(runs: dict[str, Path]) -> None
     assert client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": []}).status_code == 422
 
 
+def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
+    """unknown = skip: the history without the ids the catalogue lacks (named in skipped), answered as that
+    history; none known is a 404; a 404 naming them without it; times must still match the history given."""
+    rec = Recommender.from_run(runs["sasrec"])
+    client = TestClient(create_app(rec))
+    got = client.post("/recommend", json={"history": ["i3", "gone", "i4", 77], "k": 5, "unknown": "skip"})
+    assert got.status_code == 200 and got.json()["skipped"] == ["gone", "77"]
+    assert [r["item"] for r in got.json()["items"]] == [r.item for r in rec.recommend(["i3", "i4"], 5)]
+    assert client.post("/recommend", json={"history": ["i3", "i4"], "k": 5}).json()["skipped"] == []
+    none = client.post("/recommend", json={"history": ["gone"], "k": 5, "unknown": "skip"})
+    assert none.status_code == 404 and "no item of the history is known: 'gone'" in none.json()["error"]
+    strict = client.post("/recommend", json={"history": ["i3", "gone"], "k": 5})
+    assert strict.status_code == 404 and "'gone'" in strict.json()["error"]
+    times = client.post("/recommend", json={"history": ["i3", "gone"], "times": [1.0], "k": 5, "unknown": "skip"})
+    assert times.status_code in (400, 422) and "times" in times.json()["error"]
+
+
 def test_json_integers_are_taken_as_item_ids(runs: dict[str, Path]) -> None:
     """[50, 172] means ["50", "172"] (ids that look like numbers); true and 3.5 are not ids."""
     rec = Recommender.from_run(runs["sasrec"])

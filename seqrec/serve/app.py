@@ -19,7 +19,7 @@ import logging
 import math
 import os
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -62,6 +62,9 @@ class RecommendRequest(Strict):
     times: list[float] | None = Field(None, max_length=10_000, description="seconds, one per history item")
     events: dict[Annotated[str, Field(max_length=200)], Annotated[list[float], Field(max_length=10_000)]] | None = (
         Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
+    unknown: Literal["error", "skip"] = Field("error", description=(
+        "an id the catalogue does not hold: a 404 (error), or left out of the history and listed in the "
+        "answer's skipped (skip: for clients whose histories hold items a run trained again left out)"))
     candidates: list[ItemId] | None = Field(None, min_length=1, max_length=100_000, description=(
         "rank only these raw item ids (e.g. what is in stock), exactly; removed ones, and seen ones with "
         "exclude_seen, are left out"))
@@ -80,8 +83,12 @@ class Item(BaseModel):
     title: str | None = None
 
 
-class RecommendResponse(BaseModel):
+class SimilarResponse(BaseModel):
     items: list[Item]
+
+
+class RecommendResponse(SimilarResponse):
+    skipped: list[str] = Field(default_factory=list, description="history ids left out as unknown (unknown: skip)")
 
 
 class BatchResponse(BaseModel):
@@ -154,10 +161,10 @@ def _items(recs: list[Recommendation]) -> list[Item]:
     return [Item(item=r.item, score=r.score, title=r.title) for r in recs]
 
 
-def _recommendations(recs: list[Recommendation]) -> Response:
+def _recommendations(recs: list[Recommendation], skipped: list[str] | None = None) -> Response:
     """A `RecommendResponse` body written straight to JSON: the hot path skips building and then
     re-validating pydantic models (a measurable share of a request's CPU under load)."""
-    body = {"items": [{"item": r.item, "score": r.score, "title": r.title} for r in recs]}
+    body = {"items": [{"item": r.item, "score": r.score, "title": r.title} for r in recs], "skipped": skipped or []}
     return Response(json.dumps(body, allow_nan=False).encode(), media_type="application/json")
 
 
@@ -250,13 +257,16 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def recommend(req: RecommendRequest) -> Response:
         """Top-k items for one history of raw item ids (most recent last)."""
         rec.check_k(req.k)
-        idx = rec.to_indices(req.history)
         rec.check_event_names(list(req.events or {}))
-        events = rec.history_events(len(idx), req.times, req.events)
+        history, times, given, skipped = req.history, req.times, req.events, list[str]()
+        if req.unknown == "skip":
+            history, times, given, skipped = rec.drop_unknown(history, times, given)
+        idx = rec.to_indices(history)
+        events = rec.history_events(len(idx), times, given)
         if req.candidates is not None:  # exact scores of those items only: not a search, so not batched
-            return _recommendations(await batcher.run(rec.recommend, req.history, req.k, req.exclude_seen,
-                                                      req.candidates, req.times, req.events))
-        return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen))
+            return _recommendations(await batcher.run(rec.recommend, history, req.k, req.exclude_seen,
+                                                      req.candidates, times, given), skipped)
+        return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen), skipped)
 
     @app.post("/recommend/batch", response_model=BatchResponse)
     async def recommend_batch(req: BatchRequest) -> BatchResponse:
@@ -301,11 +311,11 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         a plain `def`, so FastAPI runs it in its threadpool and it never holds up the event loop."""
         return [_info(rec, raw) for raw in _find(rec, q, limit)]
 
-    @app.get("/similar/{item_id:path}", response_model=RecommendResponse)
+    @app.get("/similar/{item_id:path}", response_model=SimilarResponse)
     async def similar(item_id: Annotated[str, Path(max_length=256)],
-                      k: Annotated[int, Query(ge=1, le=1000)] = 10) -> RecommendResponse:
+                      k: Annotated[int, Query(ge=1, le=1000)] = 10) -> SimilarResponse:
         """The items the model scores highest for a state equal to this item's vector."""
-        return RecommendResponse(items=_items(await batcher.run(rec.similar, item_id, k)))
+        return SimilarResponse(items=_items(await batcher.run(rec.similar, item_id, k)))
 
     @app.post("/sessions/{session_id}/events", response_model=SessionResponse)
     async def add_event(session_id: Annotated[str, Path(min_length=1, max_length=128, pattern="^[^/]+$")],

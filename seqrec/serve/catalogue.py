@@ -90,6 +90,12 @@ class Catalogue:
             shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             raise UnknownItem(f"unknown item id(s){where}: {shown}") from None
 
+    def known(self, raws: Sequence[str]) -> list[bool]:
+        """Whether each raw id is an item here (after one `on_unknown` catch-up when one is not)."""
+        if self.on_unknown is not None and any(r not in self.index for r in raws):
+            self.on_unknown()
+        return [r in self.index for r in raws]
+
     def is_active(self, idx: int) -> bool:
         return 1 <= idx <= self._n and idx not in self.removed
 

@@ -35,7 +35,7 @@ from seqrec.data.features import DERIVED_EVENTS, event_values
 from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.base import SequentialModel
 from seqrec.serve.ann import Retriever
-from seqrec.serve.catalogue import Catalogue
+from seqrec.serve.catalogue import Catalogue, UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLog
 from seqrec.serve.live import LiveCatalogue
 from seqrec.serve.onnx_engine import OnnxEncoder
@@ -170,6 +170,25 @@ class Recommender(LiveCatalogue):
     def to_indices(self, history: Sequence[str]) -> list[int]:
         """Raw item ids -> item indices; an unknown id is a `SeqrecError` naming it."""
         return self.catalogue.lookup(history, " in history")
+
+    def drop_unknown(self, history: Sequence[str], times: Sequence[float] | None = None,
+                     events: Mapping[str, Sequence[float]] | None = None
+                     ) -> tuple[list[str], list[float] | None, dict[str, list[float]] | None, list[str]]:
+        """The history without the ids the catalogue does not hold (items a run trained again left out, or
+        not added yet), with their times and event values -> (history, times, events, the ids dropped).
+        A history with no known id left is an `UnknownItem` naming them."""
+        self.history_events(len(history), times, events)  # one value per history item, as given
+        keep = self.catalogue.known(history)
+        dropped = [raw for raw, k in zip(history, keep, strict=True) if not k]
+        if dropped and not any(keep):
+            raise UnknownItem("no item of the history is known: " + ", ".join(repr(r) for r in dropped[:5])
+                              + (" ..." if len(dropped) > 5 else ""))
+
+        def kept(values: Sequence[float]) -> list[float]:
+            return [v for v, k in zip(values, keep, strict=True) if k]
+
+        return ([raw for raw, k in zip(history, keep, strict=True) if k], None if times is None else kept(times),
+                None if events is None else {name: kept(v) for name, v in events.items()}, dropped)
 
     # -- states --------------------------------------------------------------------------------------
 
