@@ -276,7 +276,7 @@ def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tm
     # compacted while a service keeps the file: its next change moves to the new file, after the folded lines
     again.remove_items(["new1"])
     assert compact(path)["lines_after"] == 4 and again._log is not None and again._log.moves == 0
-    again.remove_items(["new3"])
+    again.remove_items(["new4"])
     assert again._log.moves == 1 and again._log.changes == 8  # the 7 changes the compaction folded, then one
     again.close_log()
     with path.open("a") as f:

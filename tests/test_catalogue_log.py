@@ -370,3 +370,18 @@ def test_a_failed_look_at_the_path_lets_the_lock_go(runs: dict[str, Path], tmp_p
     finally:
         os.close(other)
     rec.close_log()
+
+
+def test_removing_a_removed_item_again_writes_no_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    """DELETE twice: the second changes nothing, so the log gets no line (and its change count stays); a removal
+    that holds one item still there is written whole."""
+    path = tmp_path / "catalogue.jsonl"
+    rec = Recommender.from_run(runs["sasrec"])
+    rec.keep_log(path)
+    rec.remove_items(["i3"])
+    rec.remove_items(["i3"])
+    assert rec.catalogue_log is not None and rec.catalogue_log.changes == 1
+    rec.remove_items(["i3", "i4"])
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line.get("ids") for line in lines[1:]] == [["i3"], ["i3", "i4"]]
+    rec.close_log()

@@ -51,7 +51,9 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     code, out, _ = run(capsys, "evaluate", str(run_dir))
     assert code == 0
     test_row = next(line for line in out.splitlines() if line.startswith("test"))
-    assert f"{results['test']['recall@10']:.4f}" in test_row
+    assert f"{results['test']['recall@10']:.4f}" in test_row and "already-seen" not in out
+    code, out, _ = run(capsys, "evaluate", str(run_dir), "--filter-seen")
+    assert code == 0 and out.startswith("(already-seen items removed from the ranking")
     # history i3 i4 i5 -> the walk continues with i6
     code, out, _ = run(capsys, "recommend", str(run_dir), "--history", "i3 i4 i5", "-k", "3")
     assert code == 0

@@ -128,6 +128,17 @@ def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
     assert times.status_code in (400, 422) and "times" in times.json()["error"]
 
 
+def test_a_body_not_sent_as_json_says_so(runs: dict[str, Path]) -> None:
+    """curl -d without a content-type sends a form: the 422 says the body must be JSON; a refused input is not
+    echoed back in the error's detail."""
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    form = client.post("/recommend", content=b'{"history": ["i3"]}',
+                       headers={"content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 422 and "content-type: application/json" in form.json()["error"]
+    huge = client.post("/recommend", json={"history": ["i3"], "k": "x" * 100_000})
+    assert huge.status_code == 422 and "x" * 100 not in huge.text
+
+
 def test_json_integers_are_taken_as_item_ids(runs: dict[str, Path]) -> None:
     """[50, 172] means ["50", "172"] (ids that look like numbers); true and 3.5 are not ids."""
     rec = Recommender.from_run(runs["sasrec"])

@@ -189,3 +189,12 @@ def test_an_exited_workers_file_added_before_a_stop_is_not_added_twice(tmp_path:
     assert total['{method="GET",route="/health",status="200"}'] == 4  # from the sum only
     assert not (tmp_path / "worker-a.json").exists()
     reader.close()
+
+
+def test_routes_are_labelled_as_the_api_names_them() -> None:
+    from seqrec.serve.metrics import route_of
+
+    assert route_of("/items/remove", "POST") == "/items/remove"  # bulk removal, not an item's page
+    assert route_of("/items/remove", "DELETE") == "/items/{id}"  # an item whose id is "remove"
+    assert route_of("/items/i42", "GET") == route_of("/items/i42", "DELETE") == "/items/{id}"
+    assert route_of("/sessions/s1/events", "POST") == "/sessions/{id}/events" and route_of("/x/y/z") == "other"

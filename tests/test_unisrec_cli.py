@@ -126,19 +126,26 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     assert main(["evaluate", str(pre)]) == 2
     assert "pre-training run" in capsys.readouterr().err
     # `seqrec serve PRE --dataset a` serves the same zero-shot model, made once inside the pre-training run
-    from seqrec.cli.serve import _zero_shot_run
+    from seqrec.cli.common import zero_shot_run
     from seqrec.errors import SeqrecError
     from seqrec.serve import Recommender
 
-    served = _zero_shot_run(pre, str(a), "cpu")
-    assert served.parent == pre / "zero-shot" and _zero_shot_run(pre, str(a), "cpu") == served
+    served = zero_shot_run(pre, str(a), "cpu")
+    assert served.parent == pre / "zero-shot" and zero_shot_run(pre, str(a), "cpu") == served
     assert json.loads((served / "results.json").read_text())["valid"] == results["valid"]
     top = Recommender.from_run(served).recommend(["i1", "i2", "i3"], k=3)
     assert top == Recommender.from_run(zs).recommend(["i1", "i2", "i3"], k=3)
     with pytest.raises(SeqrecError, match="--dataset"):
-        _zero_shot_run(pre, None, "cpu")
+        zero_shot_run(pre, None, "cpu")
     with pytest.raises(SeqrecError, match="trained run"):
-        _zero_shot_run(zs, str(a), "cpu")
+        zero_shot_run(zs, str(a), "cpu")
+    # recommend and export take the pre-training run on a catalogue too, and refuse it without one
+    said = run(capsys, "recommend", str(pre), "--dataset", str(a), "--history", "i1 i2 i3", "-k", "3")
+    assert [line.split()[1] for line in said.splitlines()] == [r.item for r in top]
+    assert main(["recommend", str(pre), "--history", "i1"]) == 2
+    assert "is a pre-training run" in capsys.readouterr().err
+    assert main(["export", str(pre), "--dataset", str(a)]) == 0 and (served / "export-onnx" / "manifest.json").is_file()
+    assert main(["export", str(pre)]) == 2 and "--dataset" in capsys.readouterr().err
 
 
 def test_zero_shot_scores_depend_only_on_item_text(setup: tuple[Path, Path, Path], tmp_path: Path,

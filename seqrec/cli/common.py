@@ -75,6 +75,32 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
 RUN_FILES = ("config.json", "results.json", "checkpoint", "state", "data_card.json")  # what makes a run folder
 
 
+def zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
+    """A pre-training run served on `dataset`: its zero-shot run folder (made once, inside the pre-training
+    run, keyed by the dataset's fingerprint); any other run as it is."""
+    from seqrec.train.transfer import is_pretrain_run
+
+    if not is_pretrain_run(run):
+        if dataset:
+            raise SeqrecError("--dataset is for a pre-training run (used zero-shot on that dataset); "
+                              f"{run} is a trained run and has its own catalogue")
+        return run
+    if not dataset:
+        raise SeqrecError(f"{run} is a pre-training run (its items are its domains', as DOMAIN:ID): name the "
+                          "catalogue to use it on zero-shot with --dataset")
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.loop import pick_device
+    from seqrec.train.transfer import zero_shot, zero_shot_config
+
+    data = PreparedDataset.load(resolve_dataset(dataset))
+    folder = run / "zero-shot" / f"{data.meta['name']}-{data.fingerprint}"
+    if not (folder / "results.json").is_file():
+        cfg = zero_shot_config(run)
+        cfg.data.dataset = str(data.path)
+        zero_shot(run, data, cfg, folder, pick_device(device))
+    return folder
+
+
 def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
     """The resolved config of a run folder, from its config.json (whose presence the caller checked)."""
     from seqrec.config import resolve
@@ -91,6 +117,8 @@ def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
 def print_metrics(results: dict[str, Any]) -> None:
     ks = results["protocol"]["ks"]
     names = ("recall", "ndcg", "mrr")
+    if results["protocol"].get("filter_seen"):  # another protocol than the default: said where it prints
+        print("(already-seen items removed from the ranking: eval.filter_seen)")
     print(f"{'split':<7}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names))
     for split in ("valid", "test"):
         if split in results:

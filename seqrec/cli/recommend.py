@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from seqrec.cli.common import resolve_dataset, run_config
+from seqrec.cli.common import resolve_dataset, run_config, zero_shot_run
 from seqrec.errors import SeqrecError
 
 
@@ -51,6 +51,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.n_probe is not None and args.n_probe < 1:
         raise SeqrecError(f"--n-probe must be >= 1, got {args.n_probe}")
     options = {} if args.n_probe is None else {"n_probe": args.n_probe}
+    args.run = str(zero_shot_run(Path(args.run), args.dataset, "cpu"))  # a pre-training run: on --dataset
     rec = Recommender.from_run(args.run, index=index, **options)
     if args.new_item:
         bad = [item for item in args.new_item  # ID=TEXT, neither of them blank
@@ -103,6 +104,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `recommend` on the top-level subparsers."""
     r = sub.add_parser("recommend", help="top-k items for a history of raw item ids")
     r.add_argument("run")
+    r.add_argument("--dataset", help="with a pre-training run: the catalogue to recommend from, zero-shot (through "
+                   "its items' text alone)")
     r.add_argument("--history", help='raw item ids, oldest first: "50 172 133"')
     r.add_argument("--user", help="a raw user id of the run's dataset: use that user's whole history")
     r.add_argument("-k", type=int, default=10)

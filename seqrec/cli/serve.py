@@ -14,6 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from seqrec.cli.common import zero_shot_run
 from seqrec.errors import SeqrecError
 
 ENV = "SEQREC_SERVE_OPTIONS"  # how `--workers N` hands the options to each worker process
@@ -71,32 +72,6 @@ def app_from_env() -> object:
     return app
 
 
-def _zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
-    """A pre-training run served on `dataset`: its zero-shot run folder (made once, inside the pre-training
-    run, keyed by the dataset's fingerprint); any other run as it is."""
-    from seqrec.train.transfer import is_pretrain_run
-
-    if not is_pretrain_run(run):
-        if dataset:
-            raise SeqrecError("--dataset is for a pre-training run (served zero-shot on that dataset); "
-                              f"{run} is a trained run and serves its own catalogue")
-        return run
-    if not dataset:
-        raise SeqrecError(f"{run} is a pre-training run: name the catalogue to serve zero-shot with --dataset")
-    from seqrec.cli.common import resolve_dataset
-    from seqrec.data.dataset import PreparedDataset
-    from seqrec.train.loop import pick_device
-    from seqrec.train.transfer import zero_shot, zero_shot_config
-
-    data = PreparedDataset.load(resolve_dataset(dataset))
-    folder = run / "zero-shot" / f"{data.meta['name']}-{data.fingerprint}"
-    if not (folder / "results.json").is_file():
-        cfg = zero_shot_config(run)
-        cfg.data.dataset = str(data.path)
-        zero_shot(run, data, cfg, folder, pick_device(device))
-    return folder
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -129,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from seqrec.serve.session_store import SessionStore
 
         SessionStore(args.session_store)
-    run = _zero_shot_run(run, args.dataset, args.device)
+    run = zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
@@ -138,13 +113,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                "session_store": str(Path(args.session_store).resolve()) if args.session_store else None}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     _check_port(args.host, args.port)
-    print(f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)"
-          + (f"; main process {os.getpid()} (SIGHUP: replace the workers, loading {run} again)"
-             if args.workers > 1 else ""), flush=True)
+    said = (f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)"
+            + (f"; main process {os.getpid()} (SIGHUP: replace the workers, loading {run} again)"
+               if args.workers > 1 else ""))
     if args.workers == 1:
-        app = build_app(options)
+        app = build_app(options)  # a run or catalogue log that cannot be served is said before any address
+        print(said, flush=True)
         uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
         return 0
+    print(said, flush=True)
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
     # named), the catalogue's changes through a catalogue log, and their request counts through a folder
     with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as scratch:
@@ -175,7 +152,7 @@ def cmd_carry_log(args: argparse.Namespace) -> int:
     run = Path(args.to)
     if not run.exists():
         raise SeqrecError(f"{run}: no such run folder")
-    rec = Recommender.from_run(_zero_shot_run(run, args.dataset, "cpu"))
+    rec = Recommender.from_run(zero_shot_run(run, args.dataset, "cpu"))
     n = carry(args.log, rec.catalogue.raw_ids, str(rec.run), rec.version, rec.no_new_text, args.out)
     if n["already"]:
         print(f"{args.log} is already the catalogue log of {run}'s catalogue: left as it is")
@@ -210,7 +187,7 @@ def _loopback(host: str) -> bool:
 def cmd_export(args: argparse.Namespace) -> int:
     from seqrec.serve.export import export_run
 
-    run = Path(args.run)
+    run = zero_shot_run(Path(args.run), args.dataset, "cpu")  # a pre-training run: on --dataset
     dest = Path(args.out) if args.out else run / f"export-{args.format}"
     manifest = export_run(run, dest, format=args.format, opset=args.opset)
     outputs = ", ".join(o["name"] for o in manifest["encoder"]["outputs"])
@@ -241,7 +218,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "the old ones kept. The first workers have no limit. It also bounds how long a worker "
                         "may hang before it is restarted")
     s.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
-    s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (CUDA where there is one)")
     s.add_argument("--engine", choices=["auto", "torch", "onnx"], default="auto",
                    help="what encodes histories: the PyTorch model, or its encoder exported to ONNX and run by "
                         "ONNX Runtime (on the CPU; fewer microseconds per request); auto: onnx where it can, "
@@ -278,6 +255,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(fn=cmd_carry_log)
     e = sub.add_parser("export", help="export a run's sequence encoder (ONNX) and item vectors")
     e.add_argument("run")
+    e.add_argument("--dataset", help="with a pre-training run: the catalogue to export it for, zero-shot")
     e.add_argument("--format", choices=["onnx"], default="onnx")
     e.add_argument("--out", help="destination folder, replaced atomically (default RUN/export-FORMAT)")
     e.add_argument("--opset", type=int, help="ONNX opset version (default: the exporter's)")

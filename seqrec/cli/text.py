@@ -78,6 +78,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from seqrec.train.loop import fit
     from seqrec.train.transfer import (
         Setting,
+        check_architecture,
         finetune_config,
         finetune_model,
         pretrained_max_len,
@@ -88,6 +89,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     sets = _split_overrides(list(args.set or []), ("data", "model", "train", "eval"))
     setting: Setting = "inductive" if args.setting == "zero-shot" else args.setting
     pretrained = Path(getattr(args, "from"))
+    check_architecture(pretrained, sets["model"])
     overrides = {**recipe_model_settings(pretrained, raw.pop("model", {})), **sets.pop("model")}
     if args.transfer == "adaptor":  # a fresh Transformer is trained, not frozen
         overrides.setdefault("freeze_encoder", False)

@@ -114,7 +114,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
         cfg.eval.filter_seen = args.filter_seen
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     device = pick_device(cfg.train.device)
-    model = finetune_model(run, data, cfg.model, cfg.data.max_len).to(device).eval()
+    model = finetune_model(run, data, cfg.model, cfg.data.max_len, trained=False).to(device).eval()
     results: dict[str, Any] = {"protocol": {**protocol(data, cfg.eval, "test", cfg.data.max_len),
                                             "model_selection": "none: zero-shot from " + str(run)}}
     for split in ("valid", "test"):

@@ -245,9 +245,14 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         return _error(400, str(exc))
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": _validation_message(exc), "detail": jsonable_encoder(exc.errors()[:5])},
-                            status_code=422)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message = _validation_message(exc)
+        kind = request.headers.get("content-type", "")
+        if request.method in ("POST", "PUT") and "json" not in kind:  # curl -d sends a form unless told
+            message += f" (the body must be JSON, sent with content-type: application/json; got {kind or 'none'!r})"
+        detail = [{k: v for k, v in err.items() if k != "input"}  # not the whole (perhaps huge) input again
+                  for err in exc.errors()[:5]]
+        return JSONResponse({"error": message, "detail": jsonable_encoder(detail)}, status_code=422)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -140,8 +140,12 @@ class LiveCatalogue:
     def remove_items(self, raws: Sequence[str]) -> None:
         """Stop recommending these items (they stay known, so histories may still hold them). Every id
         must be known, or nothing is removed."""
-        with self.catalogue.lock, self._change({"op": "remove", "ids": list(raws)},
-                                               check=lambda: self.catalogue.lookup(raws, follow=False)):
+        def check() -> None:
+            if all(i in self.catalogue.removed for i in self.catalogue.lookup(raws, follow=False)):
+                raise _Unchanged()  # removed already: no line for a change that changes nothing
+
+        with contextlib.suppress(_Unchanged), self.catalogue.lock, self._change({"op": "remove", "ids": list(raws)},
+                                                                                check=check):
             self.catalogue.remove(self.catalogue.lookup(raws, follow=False))
 
     def apply_removal(self, raws: Sequence[str]) -> None:
@@ -187,3 +191,7 @@ class LiveCatalogue:
     def catalogue_log(self) -> CatalogueLog | None:
         """The catalogue log kept (`keep_log`), if any."""
         return self._log
+
+
+class _Unchanged(Exception):
+    """A change found to change nothing once the other processes' changes are in: it is not logged."""

@@ -45,9 +45,9 @@ class Limits:
     max_body_bytes: int = 1 << 20  # 1 MiB
 
 
-def route_of(path: str) -> str:
+def route_of(path: str, method: str = "GET") -> str:
     """A bounded label for a path: ids in the path are replaced by {id}."""
-    if path in ROUTES:
+    if path in ROUTES or (path == "/items/remove" and method == "POST"):  # (DELETE /items/remove: an item's id)
         return path
     parts = path.strip("/").split("/")
     if parts[0] in ("items", "similar") and len(parts) == 2:
@@ -363,7 +363,7 @@ class RequestMiddleware:
             await _reject(send_status, 413, f"request body over {limit} bytes")
         finally:
             seconds = time.perf_counter() - t0
-            route = route_of(scope["path"])
+            route = route_of(scope["path"], scope["method"])
             method = scope["method"] if scope["method"] in METHODS else "other"  # a bounded label set
             self.metrics.observe(method, route, status, seconds)
             log.info("%s %s %d %.2fms", scope["method"], scope["path"], status, seconds * 1e3)

@@ -79,11 +79,20 @@ def recipe_model_settings(pretrained: Path, recipe: dict[str, Any]) -> dict[str,
     return {k: v for k, v in recipe.items() if k not in dropped}
 
 
+def check_architecture(pretrained: Path, given: dict[str, Any]) -> None:
+    """An explicit `--set model.KEY=V` of an architecture key must be the pre-trained checkpoint's own."""
+    pre = read_meta(checkpoint_dir(pretrained))["config"]
+    for key, value in given.items():
+        if key in ARCHITECTURE and key in pre and value != pre[key]:
+            raise SeqrecError(f"model.{key}={value} does not fit the pre-trained model (its {key} is {pre[key]}): "
+                              "fine-tuning keeps the pre-trained architecture; drop the setting")
+
+
 Transfer = Literal["all", "adaptor"]
 
 
 def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfig, max_len: int,
-                   transfer: Transfer = "all") -> UniSRec:
+                   transfer: Transfer = "all", trained: bool = True) -> UniSRec:
     """A UniSRec for `data` carrying the shared weights of the pre-trained checkpoint: every one ("all"),
     or only the text adaptor's ("adaptor": the Transformer and positions start afresh, from the seed)."""
     if transfer not in ("all", "adaptor"):
@@ -108,9 +117,10 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
         raise SeqrecError(f"{ckpt}: weights do not fit ({first}); {fit}") from None
     if unexpected or set(missing) - {*PER_DOMAIN, HISTORY}:
         raise SeqrecError(f"{ckpt}: weights do not fit (missing {missing}, unexpected {unexpected}); {fit}")
-    n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
-             sum(p.numel() for p in model.parameters() if p.requires_grad))
+    if trained:  # (zero-shot uses it as it is: nothing is trained)
+        n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
+                 sum(p.numel() for p in model.parameters() if p.requires_grad))
     return model
 
 
@@ -152,7 +162,7 @@ def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: 
     if cfg.data.max_len != pretrained_max_len(pretrained):
         raise SeqrecError(f"pre-trained with max_len={pretrained_max_len(pretrained)}; use data.max_len equal to it")
     cfg.train.refit = False
-    model = finetune_model(pretrained, data, cfg.model, cfg.data.max_len).to(device).eval()
+    model = finetune_model(pretrained, data, cfg.model, cfg.data.max_len, trained=False).to(device).eval()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
     save_checkpoint(model, run_dir / "checkpoint", max_len=cfg.data.max_len, item_table=data.item_table,
