@@ -197,3 +197,19 @@ def test_preparing_again_says_when_it_replaced_other_data(home: Path, capsys: py
     assert code == 0 and "replaced" not in out
     code, out, _ = run(capsys, *prep, "--min-user-len", "6")
     assert code == 0 and "it replaced a preparation with other data or options: fingerprint" in out
+
+
+def test_event_columns_of_a_log_are_kept(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--event-cols rating keeps the log's rating as an event value (events.parquet), which a model's event
+    features read; a column the log lacks is named."""
+    import polars as pl
+
+    frame = pl.read_csv(home / "log.csv")
+    frame.with_columns((pl.col("ts") % 5 + 1).alias("rating")).write_csv(home / "rated.csv")
+    prep = ["data", "prepare", "rated", "--format", "csv", "--path", str(home / "rated.csv"), "--user-col", "uid",
+            "--item-col", "iid", "--time-col", "ts"]
+    assert run(capsys, *prep, "--event-cols", "rating")[0] == 0
+    events = pl.read_parquet(home / "home" / "prepared" / "rated" / "events.parquet")
+    assert events.columns == ["rating"] and set(events["rating"].to_list()) <= {1, 2, 3, 4, 5}
+    code, _, err = run(capsys, *prep, "--event-cols", "rating,stars")
+    assert code == 2 and "'stars'" in err

@@ -34,7 +34,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 # the reader options `--format` passes on, and their flags
 FORMAT_FLAGS = {"user_col": "--user-col", "item_col": "--item-col", "time_col": "--time-col", "sep": "--sep",
-                "time_format": "--time-format"}
+                "time_format": "--time-format", "extra_cols": "--event-cols"}
 
 
 def _format_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,6 +44,8 @@ def _format_options(args: argparse.Namespace) -> dict[str, Any]:
 
     required, optional = format_options(args.format)
     given = {k: getattr(args, k) for k in FORMAT_FLAGS if getattr(args, k) is not None}
+    if "extra_cols" in given:
+        given["extra_cols"] = [c.strip() for c in given["extra_cols"].split(",") if c.strip()]
     refused = [k for k in given if k not in required + optional]
     if refused:
         takes = ", ".join(FORMAT_FLAGS[k] for k in FORMAT_FLAGS if k in required + optional)
@@ -201,6 +203,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     r"or \t or tab for a tab")
     pr.add_argument("--time-format", help="the strftime layout of times that are not ISO 8601 or numbers (those "
                     "are refused without it: day / month order is never guessed)")
+    pr.add_argument("--event-cols", dest="extra_cols", metavar="COL,COL",
+                    help="more log columns kept as event values (a rating, a price, ...): event features a model "
+                         "can read, and what /recommend's `events` fills at serving time")
     pr.add_argument("--items", metavar="TABLE",
                     help="item table (CSV/TSV/Parquet/JSONL) joined on the item id; it becomes the catalogue")
     pr.add_argument("--item-key", help="the item table's id column (default: --item-col, else item_id)")
