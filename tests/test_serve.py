@@ -124,6 +124,13 @@ def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
     assert none.status_code == 404 and "no item of the history is known: 'gone'" in none.json()["error"]
     strict = client.post("/recommend", json={"history": ["i3", "gone"], "k": 5})
     assert strict.status_code == 404 and "'gone'" in strict.json()["error"]
+    batch = client.post("/recommend/batch", json={"histories": [["i3", "gone", "i4"], ["i5"]], "k": 3,
+                                                   "unknown": "skip"}).json()
+    assert batch["skipped"] == [["gone"], []]
+    assert [[r["item"] for r in row] for row in batch["results"]] == [
+        [r.item for r in rec.recommend(h, 3)] for h in (["i3", "i4"], ["i5"])]
+    lost = client.post("/recommend/batch", json={"histories": [["i5"], ["gone"]], "unknown": "skip"})
+    assert lost.status_code == 404 and lost.json()["error"].startswith("histories[1]: no item of the history")
     times = client.post("/recommend", json={"history": ["i3", "gone"], "times": [1.0], "k": 5, "unknown": "skip"})
     assert times.status_code in (400, 422) and "times" in times.json()["error"]
 

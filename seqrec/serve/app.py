@@ -75,6 +75,7 @@ class BatchRequest(Strict):
         min_length=1, max_length=1000)
     k: int = Field(10, ge=1, le=1000)
     exclude_seen: bool = False
+    unknown: Literal["error", "skip"] = Field("error", description="as in /recommend, for each history")
 
 
 class Item(BaseModel):
@@ -93,6 +94,8 @@ class RecommendResponse(SimilarResponse):
 
 class BatchResponse(BaseModel):
     results: list[list[Item]]
+    skipped: list[list[str]] = Field(default_factory=list, description="per history, the ids left out as unknown "
+                                     "(unknown: skip; empty lists otherwise)")
 
 
 class NewItem(Strict):
@@ -276,8 +279,17 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.post("/recommend/batch", response_model=BatchResponse)
     async def recommend_batch(req: BatchRequest) -> BatchResponse:
         """Top-k for many histories in one forward pass."""
-        results = await batcher.run(rec.recommend_many, req.histories, req.k, req.exclude_seen)
-        return BatchResponse(results=[_items(r) for r in results])
+        histories, skipped = req.histories, [list[str]() for _ in req.histories]
+        if req.unknown == "skip":
+            kept = []
+            for i, history in enumerate(histories):
+                try:
+                    kept.append(rec.drop_unknown(history))
+                except UnknownItem as exc:
+                    raise UnknownItem(f"histories[{i}]: {exc}") from None
+            histories, skipped = [k[0] for k in kept], [k[3] for k in kept]
+        results = await batcher.run(rec.recommend_many, histories, req.k, req.exclude_seen)
+        return BatchResponse(results=[_items(r) for r in results], skipped=skipped)
 
     @app.post("/items", response_model=ItemsResponse)
     def add_items(req: ItemsRequest) -> ItemsResponse:
