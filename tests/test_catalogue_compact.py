@@ -240,7 +240,8 @@ def test_compactions_while_two_following_processes_keep_changing(runs: dict[str,
     b.close_log()
 
 
-def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """`seqrec compact-log`: each item's last text in the order items were first added (the same indices),
     then one removal; an older line without vectors stays without them."""
     path = tmp_path / "catalogue.jsonl"
@@ -285,6 +286,10 @@ def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tm
     from seqrec.cli import main
 
     assert main(["compact-log", str(path)]) == 0
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["compact-log", str(empty)]) == 0 and empty.read_text() == ""
+    assert "is empty (no service has written it yet): nothing to compact" in capsys.readouterr().out
     with pytest.raises(SeqrecError, match="no such catalogue log"):
         compact(tmp_path / "nowhere.jsonl")
 

@@ -139,6 +139,9 @@ def cmd_compact_log(args: argparse.Namespace) -> int:
     from seqrec.serve.catalogue_compact import compact
 
     n = compact(args.log)
+    if n["bytes_before"] == 0:
+        print(f"{args.log} is empty (no service has written it yet): nothing to compact")
+        return 0
     print(f"{args.log}: {n['lines_before']:,} lines ({n['bytes_before'] / 1e6:.2f} MB) -> {n['lines_after']:,} "
           f"({n['bytes_after'] / 1e6:.2f} MB): {n['items']:,} items with a text, {n['removed']:,} removed"
           + (", a cut-short last line dropped" if n["dropped"] else ""))
