@@ -231,12 +231,17 @@ def _compaction() -> list[str]:
             f"{replay['items_active']:,} of {replay['items_expected']:,} |"]
 
 
+def _switched(r: dict[str, Any]) -> str:
+    """Seconds until every worker served run B, or never (a deploy benchmark's result)."""
+    return "never" if r["switched_after_s"] is None else f"{r['switched_after_s']:.1f}"
+
+
 def _deploy() -> list[str]:
     d = load_result("serve_deploy.json")
     if d is None:
         return []
     r, load = d["result"], d["result"]["load"]
-    switched = "never" if r["switched_after_s"] is None else f"{r['switched_after_s']:.1f}"
+    switched = _switched(r)
     return ["", f"Deploying a new run into the running service: `seqrec serve LINK --workers {r['workers']}` "
             f"(SASRec, {d['n_items']:,} items, exact top-10) serving run A through a link; under /recommend load "
             "at concurrency 8 the link is switched to run B and the service sent SIGHUP, on which the workers are "
@@ -258,7 +263,7 @@ def _deploy_catalogue() -> list[str]:
     if d is None:
         return []
     r, load = d["result"], d["result"]["load"]
-    switched = "never" if r["switched_after_s"] is None else f"{r['switched_after_s']:.1f}"
+    switched = _switched(r)
     window = ("none" if r["refused_from_s"] is None
               else f"{r['refused_from_s']:.1f} to {r['refused_until_s']:.1f}")
     return ["", f"Deploying a run trained again, with {r['n_items_b'] - d['n_items']:,} more items, into a service "

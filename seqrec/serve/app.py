@@ -19,13 +19,12 @@ import logging
 import math
 import os
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from seqrec.errors import SeqrecError
@@ -34,130 +33,27 @@ from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLogBroken, CatalogueLogCarried
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
+from seqrec.serve.schemas import (
+    BatchRequest,
+    BatchResponse,
+    EventRequest,
+    Health,
+    Item,
+    ItemInfo,
+    ItemsRequest,
+    ItemsResponse,
+    RecommendRequest,
+    RecommendResponse,
+    RemoveRequest,
+    RemoveResponse,
+    SessionResponse,
+    SimilarResponse,
+)
 from seqrec.serve.session_store import SessionEnded, SessionFull, SessionLimit
 from seqrec.serve.sessions import Sessions
 
 log = logging.getLogger("seqrec.serve")
 
-
-
-def _integer_id(value: Any) -> Any:
-    """A JSON integer given as an item id (MovieLens's ids look like numbers) is its decimal string."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
-ItemId = Annotated[str, BeforeValidator(_integer_id),
-                   Field(min_length=1, max_length=256, description="a raw item id (a JSON integer is taken as its "
-                         "decimal string)")]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RecommendRequest(Strict):
-    history: list[ItemId] = Field(min_length=1, max_length=10_000, description="raw item ids, oldest first")
-    k: int = Field(10, ge=1, le=1000)
-    exclude_seen: bool = False
-    times: list[float] | None = Field(None, max_length=10_000, description="seconds, one per history item")
-    events: dict[Annotated[str, Field(max_length=200)], Annotated[list[float], Field(max_length=10_000)]] | None = (
-        Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
-    unknown: Literal["error", "skip"] = Field("error", description=(
-        "an id the catalogue does not hold: a 404 (error), or left out of the history and listed in the "
-        "answer's skipped (skip: for clients whose histories hold items a run trained again left out)"))
-    candidates: list[ItemId] | None = Field(None, min_length=1, max_length=100_000, description=(
-        "rank only these raw item ids (e.g. what is in stock), exactly; removed ones, and seen ones with "
-        "exclude_seen, are left out"))
-
-
-class BatchRequest(Strict):
-    histories: list[Annotated[list[ItemId], Field(min_length=1, max_length=10_000)]] = Field(
-        min_length=1, max_length=1000)
-    k: int = Field(10, ge=1, le=1000)
-    exclude_seen: bool = False
-    unknown: Literal["error", "skip"] = Field("error", description="as in /recommend, for each history")
-
-
-class Item(BaseModel):
-    item: str
-    score: float
-    title: str | None = None
-
-
-class SimilarResponse(BaseModel):
-    items: list[Item]
-
-
-class RecommendResponse(SimilarResponse):
-    skipped: list[str] = Field(default_factory=list, description="history ids left out as unknown (unknown: skip)")
-
-
-class BatchResponse(BaseModel):
-    results: list[list[Item]]
-    skipped: list[list[str]] = Field(default_factory=list, description="per history, the ids left out as unknown "
-                                     "(unknown: skip; empty lists otherwise)")
-
-
-class NewItem(Strict):
-    id: ItemId
-    text: str = Field(min_length=1, max_length=20_000, description="the item's text (title, brand, ...)")
-
-
-class ItemsRequest(Strict):
-    items: list[NewItem] = Field(min_length=1, max_length=10_000)
-
-
-class RemoveRequest(Strict):
-    ids: list[ItemId] = Field(min_length=1, max_length=100_000)
-
-
-class RemoveResponse(BaseModel):
-    removed: list[str]  # the ids given, none of them recommendable now
-    n_active: int  # items still recommendable
-
-
-class ItemsResponse(BaseModel):
-    added: list[str]
-    replaced: list[str]
-    n_items: int  # the recommendable items (removed ones not counted), as in /health
-
-
-class ItemInfo(BaseModel):
-    item: str
-    title: str | None
-    recommendable: bool
-
-
-class EventRequest(Strict):
-    item: ItemId
-    k: int = Field(10, ge=1, le=1000)
-    exclude_seen: bool = False
-    time: float | None = Field(None, description="the event's time, seconds (for gap and hour features)")
-    values: dict[Annotated[str, Field(max_length=200)], float] | None = Field(
-        None, max_length=64, description="the event's feature values by name (e.g. rating)")
-
-
-class SessionResponse(BaseModel):
-    session_id: str
-    n_events: int
-    items: list[str]
-    recommendations: list[Item]
-    cached: bool
-
-
-class Health(BaseModel):
-    status: str
-    model: str
-    n_items: int
-    index: str
-    index_rebuilding: bool  # a FAISS index being rebuilt in the background (after heavy changes)
-    sessions: int
-    takes_text: bool
-    catalogue_changes: int | None = None  # changes ever made to the catalogue log, as far as this process has read it
-    catalogue_log_error: str | None = None  # why this process stopped keeping the catalogue log ("degraded")
-    run: str | None = None  # the run folder served (a link resolved: which run a deploy switched it to)
-    version: str | None = None  # the checkpoint served (the start of its model.json's sha256)
-    pid: int  # the worker process that answered
 
 
 def _items(recs: list[Recommendation]) -> list[Item]:
