@@ -1,13 +1,15 @@
 """Text-encoding throughput of the frozen encoder (seqrec.data.text.TextEncoder) on real item texts.
 
 Encodes every item text of each dataset (as `seqrec text encode` builds them) with the default
-encoder, mean pooling, max length 128, batch 64 (length-sorted, padded per batch), once per
-thread count and precision: float32, and bfloat16 where the CPU computes it natively (what
-`precision = "auto"` picks there). Repeats alternate the precisions, so that the machine's noise
-falls on both; texts/s and tokens/s are medians. Also: how far the bf16 vectors are from the
-float32 ones (cosine distance), the achieved GFLOP/s (2 x the encoder's non-embedding parameters
-per token, attention products added) against a square matmul in the same precision measured in
-the same run. The cache is not touched. Writes benchmarks/results/text_encoding.json.
+encoder, mean pooling, max length 128, batch size 64 (batches of 64 x 64 padded tokens, sorted by
+token length, TextEncoder's path), once per thread count and precision: float32, and bfloat16 where
+the CPU computes it natively (what `precision = "auto"` picks there); and, in bfloat16, the batching
+it replaced (64 texts a batch, sorted by characters, padded to the batch's longest). Repeats
+alternate the paths, so that the machine's noise falls on all; texts/s and tokens/s are medians.
+Also: how far the bf16 vectors are from the float32 ones (cosine distance), the achieved GFLOP/s (2
+x the encoder's non-embedding parameters per token, attention products added) against a square
+matmul in the same precision measured in the same run. The cache is not touched.
+Writes benchmarks/results/text_encoding.json.
 
     python benchmarks/text_encode.py amazon-scientific-unisrec yelp-p5 --threads 1 2
 """
@@ -43,6 +45,25 @@ def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
     return float(np.mean(2 * params * t + 4 * t**2 * cfg.hidden_size * cfg.num_hidden_layers))
 
 
+REPLACED = "bf16, replaced batching"
+
+
+@torch.no_grad()
+def replaced_batching(encoder: TextEncoder, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    """The batching TextEncoder used before: batch_size texts a batch, sorted by characters, each batch padded
+    to its longest text by the tokenizer."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
+    for lo in range(0, len(texts), batch_size):
+        rows = order[lo : lo + batch_size]
+        tok = encoder.tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=128,
+                                return_tensors="pt")
+        hidden = encoder.model(**tok).last_hidden_state.float()
+        m = tok["attention_mask"].unsqueeze(-1).float()
+        out[rows] = ((hidden * m).sum(1) / m.sum(1).clamp(min=1)).numpy()
+    return out
+
+
 def measure(name: str, threads: list[int], repeats: int, limit: int) -> dict[str, Any]:
     data = prepared(name)
     texts = [t for t in item_texts(data.item_table) if t][:limit]
@@ -62,15 +83,21 @@ def measure(name: str, threads: list[int], repeats: int, limit: int) -> dict[str
         dist = 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
         out["bf16_cosine_distance"] = {"max": float(dist.max()), "median": float(np.median(dist)),
                                        "goal_max": GOAL_COSINE}
+    paths = {p: (lambda enc=enc: enc.encode(texts, batch_size=64)) for p, enc in encoders.items()}
+    if "bf16" in encoders:
+        paths[REPLACED] = lambda: replaced_batching(encoders["bf16"], texts)
     for n in threads:
-        peaks = {p: matmul_gflops(n, dtype=torch.float32 if p == "fp32" else torch.bfloat16) for p in encoders}
-        seconds: dict[str, list[float]] = {p: [] for p in encoders}
-        for enc in encoders.values():
-            enc.encode(texts[:128])  # warm-up
+        torch.set_num_threads(n)
+        by_dtype = {d: matmul_gflops(n, dtype=d) for d in {torch.float32 if p == "fp32" else torch.bfloat16
+                                                           for p in paths}}
+        peaks = {p: by_dtype[torch.float32 if p == "fp32" else torch.bfloat16] for p in paths}
+        seconds: dict[str, list[float]] = {p: [] for p in paths}
+        for run in paths.values():
+            run()  # warm-up: the math library builds its kernels for each batch shape once
         for _ in range(repeats):
-            for p, enc in encoders.items():
+            for p, run in paths.items():
                 t0 = time.perf_counter()
-                enc.encode(texts, batch_size=64)
+                run()
                 seconds[p].append(time.perf_counter() - t0)
         for p, times in seconds.items():
             s = statistics.median(times)

@@ -148,7 +148,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                      help="items without text: error, the text 'item <id>', or the mean vector; auto = the mean "
                           "for at most 1%% of the items (with a warning), an error for more")
     enc.add_argument("--word-drop", type=float, default=0.15, help="word-drop rate of the augmented view (0: none)")
-    enc.add_argument("--batch-size", type=int, default=64)
+    enc.add_argument("--batch-size", type=int, default=64,
+                     help="texts of 64 tokens per batch: a batch holds this x 64 padded tokens")
     enc.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                      help="encoder arithmetic: auto = bfloat16 where the hardware has it (vectors within 1e-3 "
                           "cosine of float32's, about 1e-4 measured), else float32")

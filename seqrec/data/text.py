@@ -70,6 +70,9 @@ def native_bf16(device: str) -> bool:
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
+TOKENS_PER_TEXT = 64  # a batch of batch_size texts holds batch_size x this many padded tokens
+PAD_MULTIPLE = 8  # a batch's length is its longest text's, rounded up to this
+
 MissingText = Literal["auto", "error", "id", "mean"]  # what items without text get (the module docstring)
 
 
@@ -198,15 +201,33 @@ class TextEncoder:
         distinct, inverse = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
         return self._encode_distinct([str(t) for t in distinct], batch_size, progress)[inverse.reshape(-1)]
 
+    def _padded(self, ids: list[list[int]], length: int) -> dict[str, torch.Tensor]:
+        """Right-padded input ids and their attention mask, (b, length) on the encoder's device."""
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(ids), length), 0 if pad is None else pad, dtype=torch.long)
+        mask = torch.zeros((len(ids), length), dtype=torch.long)
+        for row, t in enumerate(ids):
+            input_ids[row, : len(t)] = torch.tensor(t)
+            mask[row, : len(t)] = 1
+        return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
+
     def _encode_distinct(self, texts: list[str], batch_size: int, progress: bool) -> np.ndarray:
-        order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths share a batch
+        """Token-length-sorted batches of a fixed padded size: texts are tokenized once, sorted by length,
+        and each batch holds `batch_size` x 64 tokens of its longest text, rounded up to a multiple of 8
+        (64 texts of 64 tokens, 256 of 16). Padding is the rounding alone, matmuls stay large for short
+        texts, and the few distinct shapes reuse the math library's kernels (1.8x the texts/s of
+        64-text batches sorted by characters on Scientific's texts, benchmarks/text_encode.py)."""
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        order = np.argsort([-len(t) for t in ids], kind="stable")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        bar = tqdm(range(0, len(texts), batch_size), desc="encoding text", disable=None if progress else True,
-                   leave=False)
-        for lo in bar:
-            rows = order[lo : lo + batch_size]
-            tok = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                                 max_length=self.max_length, return_tensors="pt").to(self.device)
+        budget = batch_size * TOKENS_PER_TEXT
+        bar = tqdm(total=len(texts), desc="encoding text", disable=None if progress else True, leave=False)
+        lo = 0
+        while lo < len(order):
+            longest = -(-len(ids[order[lo]]) // PAD_MULTIPLE) * PAD_MULTIPLE
+            rows = order[lo : lo + max(1, budget // longest)]
+            lo += len(rows)
+            tok = self._padded([ids[i] for i in rows], longest)
             hidden = self.model(**tok).last_hidden_state.float()  # (b, T, D); pooled in float32
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
@@ -214,6 +235,8 @@ class TextEncoder:
                 m = tok["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
             out[rows] = pooled.float().cpu().numpy()
+            bar.update(len(rows))
+        bar.close()
         return out
 
 
