@@ -22,18 +22,18 @@ from tables import (
 def auto_decisions(d: dict[str, Any]) -> list[str]:
     """What the "auto" settings decide on every dataset (SASRec's; the other models share the rules)."""
     def cell(ds: list[dict[str, Any]], key: str) -> str:
-        x = next((x for x in ds if x["key"] == key), None)
+        x = next((x for x in ds if x["key"] in (key, key.removeprefix("model."))), None)  # older files: no "model."
         if x is None:
             return DASH
         detail = {"model.loss": lambda: f"{x['epoch_output_seconds']:.3g} s/epoch",
-                  "history_bias": lambda: f"repeat rate {x['repeat_rate']:.1%}",
+                  "model.history_bias": lambda: f"repeat rate {x['repeat_rate']:.1%}",
                   "data.stride": lambda: f"{x['share_beyond_one_window']:.0%} beyond one window",
                   "train.batch_size": lambda: f"~{x['step_gib']:.2f} GiB a step"}.get(key)
         return f"{x['value']}" + (f" ({detail()})" if detail else "")
 
     rows = [[r["dataset"], f"{r['items']:,}", f"{r['interactions']:,}",
              *(cell(r["decisions"]["sasrec"], k) for k in ("model.loss", "train.sparse_items", "train.batch_size",
-                                                          "history_bias", "data.stride", "data.jitter"))]
+                                                          "model.history_bias", "data.stride", "data.jitter"))]
             for r in d["rows"] if "sasrec" in r["decisions"]]
     rate = next((x["matmul_gflops"] for r in d["rows"] for x in r["decisions"].get("sasrec", [])
                  if x["key"] == "model.loss"), None)

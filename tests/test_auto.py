@@ -38,7 +38,7 @@ def test_history_bias_on_with_and_without_repeats(tmp_path: Path, model: str) ->
         cfg = resolve({"model": {"name": model, "history_bias": "auto"}})
         decisions = resolve_auto(cfg.model, dataset(tmp_path, repeats))
         assert cfg.model.history_bias is True
-        assert [d["key"] for d in decisions] == ["history_bias"] and decisions[0]["value"] is True
+        assert [d["key"] for d in decisions] == ["model.history_bias"] and decisions[0]["value"] is True
         assert decisions[0]["repeat_rate"] == (0.0 if not repeats else 0.8)  # 4 of 5: the 2nd item is new
         assert f"push seen items {direction}" in decisions[0]["reason"]
 
@@ -82,7 +82,7 @@ def test_train_records_the_decision(tmp_path: Path) -> None:
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     decided = {d["key"]: d["value"] for d in results["auto"]}
-    assert decided["history_bias"] is True and decided["model.loss"] == "ce" and decided["train.batch_size"] == 128
+    assert decided["model.history_bias"] is True and decided["model.loss"] == "ce" and decided["train.batch_size"] == 128
     assert json.loads((out / "config.json").read_text())["model"]["history_bias"] is True
 
 
@@ -230,7 +230,7 @@ def test_the_decisions_benchmark_runs_in_a_tiny_mode(tmp_path: Path, monkeypatch
     (row,) = json.loads(out.read_text())["rows"]
     assert row["interactions"] > 0 and set(row["decisions"]) == {"sasrec", "gru4rec", "bert4rec", "unisrec"}
     keys = {m: [d["key"] for d in ds] for m, ds in row["decisions"].items()}
-    assert keys["sasrec"] == ["model.loss", "train.batch_size", "train.sparse_items", "history_bias", "data.stride",
+    assert keys["sasrec"] == ["model.loss", "train.batch_size", "train.sparse_items", "model.history_bias", "data.stride",
                               "data.jitter"]
     assert "model.loss" not in keys["unisrec"] and "history_bias" not in keys["bert4rec"]
     assert all(d["reason"] for ds in row["decisions"].values() for d in ds)

@@ -338,6 +338,8 @@ RECOMMEND = [
 SERVE = [
     case("export-not-a-run", "export {tmp}/nowhere --out {tmp}/out", "no checkpoint"),
     case("export-truncated-weights", "export {tmp}/run --out {tmp}/out", "model.safetensors", run_copy(truncate)),
+    case("export-onto-other-files", "export {sasrec} --out {tmp}/mine", "holds other files",
+         lambda tmp, w: (tmp / "mine").mkdir() or (tmp / "mine" / "notes.txt").write_text("keep me")),
     case("serve-not-a-run", "serve {tmp}/nowhere", "nowhere"),
     case("serve-public-host", "serve {sasrec} --host 0.0.0.0", "0.0.0.0"),
     case("serve-port-zero", "serve {sasrec} --port 0", "--port"),

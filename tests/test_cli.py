@@ -34,6 +34,10 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     # what `seqrec train --model sasrec` would decide, with the properties it reads
     assert "auto          model.loss = ce: the full softmax's output layer" in out and " x 30 items x d=64" in out
     assert "auto          train.batch_size = 128" in out and "auto          data.stride = " in out
+    code, out, _ = run(capsys, "data", "stats", "toy", "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["users"] == 60
+    assert {"key": "train.batch_size", "value": 128} in [{k: d[k] for k in ("key", "value")} for d in stats["auto"]]
     run_dir = home / "run"
     code, out, _ = run(capsys, "train", "--dataset", "toy", "--model", "sasrec", "--out", str(run_dir),
                        "--set", "train.epochs=20", "--set", "model.d=16", "--set", "data.max_len=8",
@@ -60,7 +64,17 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     first = out.splitlines()[0].split()
     assert first[1] == "i6" and "Item number 6" not in out  # the CSV has no titles
     code, out, _ = run(capsys, "recommend", str(run_dir), "--user", "u0", "-k", "2")
-    assert code == 0 and "user u0" in out
+    assert code == 0 and "user u0" in out and "prepared again" not in out
+    # the dataset prepared again from a longer log: --user takes the history as prepared now, and says so
+    with (home / "log.csv").open("a") as f:
+        f.write("u0,i1,99999999\n")
+    assert run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
+               "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")[0] == 0
+    code, again, _ = run(capsys, "recommend", str(run_dir), "--user", "u0", "-k", "2")
+    assert code == 0 and again.startswith("(note: ") and "prepared again since this run was trained" in again
+    count = [int(line.split(":")[1].split()[0]) for text in (out, again) for line in text.splitlines()
+             if line.startswith("user u0:")]
+    assert count[1] == count[0] + 1, count
 
 
 @pytest.mark.parametrize(

@@ -164,7 +164,11 @@ def test_export_replaces_dest_atomically_and_detects_damage(tiny_dataset: Prepar
     trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "ckpt")
     dest = tmp_path / "export"
     dest.mkdir()
-    (dest / "stale.txt").write_text("from an earlier export")
+    (dest / "stale.txt").write_text("not an export")
+    with pytest.raises(SeqrecError, match="holds other files"):  # replacing it would delete them
+        export_run(tmp_path / "ckpt", dest, opset=18)
+    assert (dest / "stale.txt").read_text() == "not an export"
+    (dest / "manifest.json").write_text("{}")  # an earlier export: replaced whole
     export_run(tmp_path / "ckpt", dest, opset=18)
     assert not (dest / "stale.txt").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left

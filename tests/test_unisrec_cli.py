@@ -70,6 +70,9 @@ def test_pretrain_then_finetune_both_settings(negatives: str, setup: tuple[Path,
         model, meta = load_checkpoint(ft / "checkpoint")
         assert meta["config"]["item_ids"] == (setting == "transductive") and meta["config"]["freeze_encoder"]
         assert model.n_items == 30
+        rows = [json.loads(line) for line in (ft / "metrics.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == [0, 1, 2] and "loss" not in rows[0] and "ndcg@10" in rows[0]["valid"]
+        assert json.loads((ft / "results.json").read_text())["epochs_run"] == 2
 
 
 def test_train_from_scratch_and_recommend_new_items(setup: tuple[Path, Path, Path], tmp_path: Path,

@@ -130,8 +130,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     stats = data.stats()
+    decisions = auto_preview(data)
     if args.json:
-        print(json.dumps(stats, indent=2))
+        print(json.dumps({**stats, "auto": decisions}, indent=2, default=str))
         return 0
     print(f"dataset       {stats['name']}  ({stats['split']}, fingerprint {stats['fingerprint']})")
     print(f"users         {stats['users']:,}  ({stats['valid_users']:,} with a validation target, "
@@ -149,7 +150,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"length        mean {stats['length_mean']:.2f}  {lengths}")
     print(f"repeats       {stats['repeat_rate']:.1%} of training events return to an item the user had "
           f"({stats['consecutive_repeat_rate']:.1%} repeat the item just before)")
-    for d in auto_preview(data):
+    for d in decisions:
         print(f"auto          {d['key']} = {d['value']}: {d['reason']}")
     return 0
 
@@ -224,7 +225,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pr.set_defaults(fn=cmd_prepare)
     st = data.add_parser("stats", help="users, items, interactions, length distribution")
     st.add_argument("dataset")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true",
+                    help="the counts and what the auto settings decide, as one JSON object")
     st.set_defaults(fn=cmd_stats)
     fe = data.add_parser("features", help="print the side-feature schema inferred from a dataset (TOML)")
     fe.add_argument("dataset")

@@ -11,14 +11,20 @@ from seqrec.errors import SeqrecError
 
 def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, dict[str, list[float]]]:
     """A user's full raw item history, its timestamps and extra event columns (rating, ...),
-    from the prepared dataset the run was trained on."""
+    from the prepared dataset the run was trained on (as prepared now: a note says when that is not
+    the preparation the run was trained on)."""
     import polars as pl
 
     from seqrec.data.dataset import PreparedDataset
+    from seqrec.train.checkpoint import read_meta
 
     if not (run / "config.json").is_file():
         raise SeqrecError(f"{run}: --user needs a run folder with config.json")
     data = PreparedDataset.load(resolve_dataset(run_config(run).data.dataset))
+    trained_on = read_meta(run / "checkpoint").get("dataset_fingerprint")
+    if trained_on not in (None, data.fingerprint):
+        print(f"(note: {data.path} was prepared again since this run was trained, from other data or options: "
+              f"fingerprint {trained_on} -> {data.fingerprint}; the user's history is the one prepared now)")
     users = pl.read_parquet(data.path / "users.parquet")
     match = users.filter(pl.col("user") == user)
     if match.height == 0:

@@ -349,6 +349,7 @@ def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = 
         import onnx  # noqa: F401  (the exporters and the checker need it)
     except ImportError:
         raise SeqrecError("ONNX export needs the onnx package: pip install 'seqrec[serve]'") from None
+    check_destination(Path(dest))
     ckpt = checkpoint_dir(Path(run))
     model, meta = load_checkpoint(ckpt, "cpu")
     item_ids = pl.read_parquet(ckpt / "items.parquet").sort("idx")["item"].to_list()
@@ -366,6 +367,16 @@ def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = 
         (tmp / MANIFEST).write_text(_dumps(manifest))
     log.info("wrote %s (%s, opset %d, %s exporter)", dest, model.name, manifest["opset"], exporter)
     return manifest
+
+
+def check_destination(dest: Path) -> None:
+    """An export replaces `dest` whole: it must be absent, an empty folder, or an earlier export (it holds a
+    manifest), never a folder of other files, which the replacement would delete."""
+    if dest.exists() and not dest.is_dir():
+        raise SeqrecError(f"--out {dest}: a file is there, not an export folder")
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / MANIFEST).is_file():
+        raise SeqrecError(f"--out {dest}: the folder holds other files, not an export (an export replaces its "
+                          "folder whole); choose another --out")
 
 
 def verify_export(dest: Path) -> dict[str, Any]:

@@ -88,12 +88,12 @@ def resolve_auto(model_cfg: Any, data: PreparedDataset, built: Any = None) -> li
         if built is not None:
             has = getattr(built, "history", None) is not None
             model_cfg.history_bias = has
-            decisions.append({"key": "history_bias", "value": has,
+            decisions.append({"key": "model.history_bias", "value": has,
                               "reason": f"the given model was built {'with' if has else 'without'} it"})
         else:
             decisions.append(_history_bias(model_cfg, data))
     for d in decisions:
-        log.info("auto: model.%s = %s (%s)", d["key"], d["value"], d["reason"])
+        log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
     return decisions
 
 
@@ -107,7 +107,7 @@ def _history_bias(model_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
         value, reason = True, (f"{rate:.1%} of training events return to an item the user had: the offsets "
                                f"learn to push seen items {'down' if rate < RETURNS_COMMON else 'up'}")
     model_cfg.history_bias = value
-    return {"key": "history_bias", "value": value, "reason": reason, "repeat_rate": rate}
+    return {"key": "model.history_bias", "value": value, "reason": reason, "repeat_rate": rate}
 
 
 def resolve_auto_train(model_cfg: Any, train_cfg: Any, max_len: int, data: PreparedDataset,

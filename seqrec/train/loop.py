@@ -3,7 +3,8 @@
 Early stopping watches validation NDCG@10; the best checkpoint is the one that
 is tested, once, at the end. A run folder holds:
     config.json      the resolved config
-    metrics.jsonl    one line per epoch (loss, throughput, validation metrics)
+    metrics.jsonl    one line per epoch (loss, throughput, validation metrics); fine-tuning starts with
+                     epoch 0, the given model validated before any training
     checkpoint/      best weights (safetensors + JSON); with train.refit, the refitted model
     checkpoint-selected/  with train.refit only: the validation-chosen model
     state/           while training: what `--resume` needs to go on exactly (seqrec.train.state)
@@ -192,6 +193,9 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         save_checkpoint(scored, ckpt, max_len=L, item_table=data.item_table,
                         extra={"epoch": 0, "dataset_fingerprint": data.fingerprint})
         log.info("epoch 0 (the given model, untrained here) %s %.4f", metric, valid[metric])
+        loop.history.append({"epoch": 0, "valid": valid, "elapsed_s": time.perf_counter() - start})
+        with (run_dir / "metrics.jsonl").open("a") as fh:  # the starting point's row: no training, no loss
+            fh.write(json.dumps(loop.history[-1]) + "\n")
     for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
         if loop.stopped:
             break
@@ -348,7 +352,7 @@ def final_results(model: SequentialModel, test_model: SequentialModel, data: Pre
         "checkpoint": {"epoch": best_epoch, "path": "checkpoint"},
         "valid": valid,
         **({"test": tested} if tested is not None else {}),
-        "epochs_run": len(history),
+        "epochs_run": sum(1 for r in history if r["epoch"] > 0),  # a fine-tuning's epoch 0 trained nothing
         "train_seconds": train_seconds,
         "peak_rss_mb": peak_rss_mb(),
         "n_parameters": sum(p.numel() for p in model.parameters()),

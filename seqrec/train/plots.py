@@ -12,9 +12,9 @@ import matplotlib.pyplot as plt
 
 
 def learning_curve(history: list[dict[str, Any]], metric: str, dest: Path) -> None:
-    epochs = [r["epoch"] for r in history]
+    trained = [r for r in history if "loss" in r]  # a fine-tuning's epoch 0 has a validation, no loss
     fig, ax1 = plt.subplots(figsize=(7, 4))
-    ax1.plot(epochs, [r["loss"] for r in history], color="tab:blue", label="train loss")
+    ax1.plot([r["epoch"] for r in trained], [r["loss"] for r in trained], color="tab:blue", label="train loss")
     ax1.set_xlabel("epoch")
     ax1.set_ylabel("train loss", color="tab:blue")
     ax2 = ax1.twinx()
