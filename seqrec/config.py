@@ -164,7 +164,8 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
 # is a one-line error naming it (before any tensor is built with it).
 AT_LEAST_ONE = {"d", "d_ff", "n_layers", "n_heads", "n_experts", "n_negatives", "text_dim", "text_max_length",
                 "window", "max_len", "epochs", "batch_size", "eval_every", "patience", "budget"}
-NON_NEGATIVE = {"shared_negatives", "subsample", "weight_decay", "clip_grad", "time_budget_s", "stride", "threads"}
+NON_NEGATIVE = {"shared_negatives", "subsample", "weight_decay", "clip_grad", "time_budget_s", "stride", "threads",
+                "seed", "train_fraction_seed"}  # numpy's generators take no negative seed
 POSITIVE = {"temperature", "init_std", "lr"}
 PROBABILITY = {"mask_prob", "last_mask_share", "gbce_t", "recency"}
 

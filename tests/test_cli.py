@@ -176,8 +176,9 @@ def test_a_run_folder_is_never_mixed_with_another_run(home: Path, capsys: pytest
     code, _, err = run(capsys, *train, "--model", "gru4rec")
     assert code == 2 and "holds a run (finished)" in err and "--overwrite" in err
     (out / "state").mkdir()
+    (out / "state" / "state.json").write_text('{"loop": {"epoch": 1}}')
     code, _, err = run(capsys, *train, "--model", "gru4rec")
-    assert code == 2 and "not finished: --resume it" in err
+    assert code == 2 and "not finished: stopped after epoch 1; --resume it" in err
     assert main([*train, "--model", "gru4rec", "--overwrite"]) == 0
     assert not (out / "export-onnx").exists() and not (out / "state").exists()
     assert json.loads((out / "config.json").read_text())["model"]["name"] == "gru4rec"

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
@@ -79,3 +80,23 @@ def test_torchrun_trains_synchronised_replicas(model: str, extra: str, tiny_data
         # ... and train on different batches of the epoch, as many steps each
         assert len(a["users"]) == len(b["users"]) > 0 and a["users"] != b["users"]
     assert ranks[0][1]["weights"] != ranks[0][0]["weights"]  # and they did train
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("train.batch_size=100000", "1 training batch(es) an epoch for 2 processes"),  # each would step nothing
+    ("train.device=cuda", "device 'cuda'"),  # it trained on the CPU and config.json said cuda
+])
+def test_torchrun_refuses_what_it_cannot_train(setting: str, message: str, tiny_dataset: PreparedDataset,
+                                               tmp_path: Path) -> None:
+    """One batch an epoch for two processes (the untrained model would be saved and tested as if trained), or a
+    CUDA device on a machine without one: refused before the run folder is written."""
+    if "cuda" in setting and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "seqrec.cli", "train", "--dataset", str(tiny_dataset.path), "--model", "sasrec", "--out",
+           str(tmp_path / "run"), "--set", setting, "--set", "model.d=16",
+           "--set", "train.threads=1", "--set", "train.progress=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()

@@ -76,3 +76,54 @@ def test_resume_without_state_is_a_one_line_error(tiny_dataset: PreparedDataset,
                           (["--resume", str(tmp_path / "run"), "--set", "train.epochs=3"], "drop --set")]:
         out = subprocess.run([sys.executable, "-m", "seqrec.cli", "train", *args], capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_resume_keeps_the_auto_record_and_refuses_other_data(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.json holds the values the auto settings decided, so a resumed run's results.json takes the
+    decisions from the saved state; a dataset prepared again in between (another fingerprint) is refused."""
+    from dataclasses import replace
+
+    from seqrec.cli.common import run_config
+    from seqrec.errors import SeqrecError
+
+    with monkeypatch.context() as m:
+        interrupt_at(m, 2)
+        with pytest.raises(Interrupted):
+            loop.fit(resolve({}, settings(tiny_dataset, "sasrec", ["train.epochs=3"])), tiny_dataset, tmp_path / "cut")
+    saved = run_config(tmp_path / "cut")
+    assert saved.train.batch_size != "auto"  # decided, and only the value is in config.json
+    other = replace(tiny_dataset, meta={**tiny_dataset.meta, "fingerprint": "prepared-again"})
+    with pytest.raises(SeqrecError, match="prepared again since"):
+        loop.fit(saved, other, tmp_path / "cut", resume=True)
+    resumed = loop.fit(run_config(tmp_path / "cut"), tiny_dataset, tmp_path / "cut", resume=True)
+    whole = loop.fit(resolve({}, settings(tiny_dataset, "sasrec", ["train.epochs=3"])), tiny_dataset,
+                     tmp_path / "whole")
+    assert [d["key"] for d in resumed["auto"]] == [d["key"] for d in whole["auto"]] and "train.batch_size" in [
+        d["key"] for d in whole["auto"]]
+
+
+def test_an_unfinished_run_says_how_far_it_got(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped after an epoch: evaluate says it is unfinished, and --out on it says to resume. Stopped before the
+    first epoch ended: nothing to resume, and every command says so (not "--resume it", nor a missing model.json)."""
+    from seqrec.cli import main
+
+    for cut, at in (("cut", 3), ("early", 1)):
+        with monkeypatch.context() as m:
+            interrupt_at(m, at)
+            with pytest.raises(Interrupted):
+                loop.fit(resolve({}, settings(tiny_dataset, "sasrec", ["train.refit=true"])), tiny_dataset,
+                         tmp_path / cut)
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "cut")]) == 0
+    assert capsys.readouterr().out.startswith("(unfinished run: stopped after epoch 2; --resume it;")
+    retrain = ["train", "--dataset", str(tiny_dataset.path), "--model", "sasrec", "--out"]
+    assert main([*retrain, str(tmp_path / "cut")]) == 2
+    assert "not finished: stopped after epoch 2; --resume it" in capsys.readouterr().err
+    early = str(tmp_path / "early")
+    for argv in (["train", "--resume", early], ["evaluate", early], [*retrain, early]):
+        assert main(argv) == 2, argv
+        assert "interrupted before its first epoch ended: nothing to resume; --overwrite starts it again" in (
+            capsys.readouterr().err), argv

@@ -110,19 +110,39 @@ def test_each_trial_is_capped_at_its_share_of_the_budget(tiny_dataset: PreparedD
 
 def test_the_first_trial_is_the_base_itself(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
     """Trial 0 trains the base's own settings ("auto" decided from the data); a value the space cannot hold
-    (d=48) is left to the sampler, and a resumed study does not queue the base again."""
+    (d=48, a weight decay of 0) is kept as the base has it, undrawn, and a resumed study does not queue the
+    base again."""
     base = {**BASE, "model": {**BASE["model"], "d": 48, "n_layers": 1, "dropout": 0.25},
-            "train": {**BASE["train"], "lr": 0.002}}
+            "train": {**BASE["train"], "lr": 0.002, "weight_decay": 0.0}}
     study = tmp_path / "study"
     report = tune(base, tiny_dataset, study, budget_s=120, trials=2, final=False)
-    first = report["trials"][0]["params"]
-    assert first["model.n_layers"] == 1 and first["model.dropout"] == 0.25 and first["train.lr"] == 0.002
-    assert first["train.weight_decay"] == 0.1  # SASRec's default decay, which the base resolves to
-    assert first["model.history_bias"] is True  # "auto" on the tiny data: no repeats, the full softmax
-    assert first["model.d"] in (32, 64, 128) and report["base_point"] == {k: v for k, v in first.items()
-                                                                          if k != "model.d"}
+    first = report["trials"][0]
+    assert first["base"] and not report["trials"][1]["base"]
+    assert first["params"] == report["base_point"] and "model.d" not in first["params"]
+    assert "train.weight_decay" not in first["params"]
+    assert first["params"]["model.n_layers"] == 1 and first["params"]["model.dropout"] == 0.25
+    assert first["params"]["train.lr"] == 0.002
+    assert first["params"]["model.history_bias"] is True  # "auto" on the tiny data: no repeats, the full softmax
+    trained = json.loads((study / "trials" / "0" / "config.json").read_text())
+    assert trained["model"]["d"] == 48 and trained["train"]["weight_decay"] == 0.0
+    assert {"model.d", "train.weight_decay"} <= set(report["trials"][1]["params"])  # later trials draw them
     again = tune(base, tiny_dataset, study, budget_s=120, trials=1, final=False)
-    assert again["n_trials"] == 3 and again["trials"][2]["params"] != first
+    assert again["n_trials"] == 3 and not again["trials"][2]["base"]
+
+
+def test_a_base_trial_cut_short_runs_again_when_the_study_goes_on(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted during the base trial (here: it failed), the next call on the study queues the base again."""
+    first_call = [True]
+    fake_fit(monkeypatch, lambda run_dir: "interrupted" if run_dir.name == "0" and first_call[0] else None)
+    study = tmp_path / "study"
+    report = tune(BASE, tiny_dataset, study, budget_s=120, trials=2, final=False)
+    assert [(t["base"], t["state"]) for t in report["trials"]] == [(True, "fail"), (False, "complete")]
+    first_call[0] = False
+    again = tune(BASE, tiny_dataset, study, budget_s=120, trials=2, final=False)
+    rerun = again["trials"][2]
+    assert rerun["base"] and rerun["state"] == "complete" and rerun["params"] == again["base_point"]
+    assert not again["trials"][3]["base"]
 
 
 def fake_fit(monkeypatch: pytest.MonkeyPatch, fail: Callable[[Path], str | None] = lambda run_dir: None) -> list[Path]:
@@ -231,3 +251,27 @@ def test_a_study_goes_on_only_with_its_own_arguments(tiny_dataset: PreparedDatas
                    "give a new --out, or the study's own arguments to go on with it"]
     moved = {**base, "data": {**base["data"], "dataset": str(tmp_path / "elsewhere")}}
     assert tune(moved, tiny_dataset, study, budget_s=120, trials=1, final=False)["n_trials"] == 2
+
+
+def test_tune_refuses_to_run_under_torchrun(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun every rank would run its own study of DDP trials that cannot agree; refused, nothing written."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["tune", "--dataset", str(tiny_dataset.path), "--trials", "1", "--out", str(tmp_path / "t")]) == 2
+    assert "not under torchrun" in capsys.readouterr().err and not (tmp_path / "t").exists()
+
+
+def test_ctrl_c_in_a_trial_prints_no_traceback(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Optuna logs the interrupted trial as failed with its traceback; the CLI says "interrupted" on its own."""
+    def interrupted(cfg: object, data: PreparedDataset, run_dir: Path, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("seqrec.train.loop.fit", interrupted)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        tune(BASE, tiny_dataset, tmp_path / "study", budget_s=120, trials=2, final=False)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

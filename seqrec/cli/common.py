@@ -6,6 +6,7 @@ Every command module imports this one and no other command module, so that each 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -56,8 +57,7 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
             if not any((out / name).exists() for name in RUN_FILES):
                 raise SeqrecError(f"--out {out}: the folder holds other files, not a run; choose another --out")
             if not overwrite:
-                done = (out / "results.json").is_file() and not (out / "state").is_dir()
-                raise SeqrecError(f"--out {out} holds a run ({'finished' if done else 'not finished: --resume it'}); "
+                raise SeqrecError(f"--out {out} holds a run ({run_progress(out)}); "
                                   "choose another --out, or add --overwrite to replace it")
             aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
             os.rename(out, aside)
@@ -70,6 +70,18 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
         raise
     if aside is not None:
         shutil.rmtree(aside)
+
+
+def run_progress(run: Path) -> str:
+    """How far a training run folder got, in words: "finished", "not finished: ... --resume it", or interrupted
+    before anything could be resumed."""
+    if (run / "results.json").is_file() and not (run / "state").is_dir():
+        return "finished"
+    try:
+        epoch = int(json.loads((run / "state" / "state.json").read_text())["loop"]["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "interrupted before its first epoch ended: nothing to resume; --overwrite starts it again"
+    return f"not finished: stopped after epoch {epoch}; --resume it"
 
 
 RUN_FILES = ("config.json", "results.json", "checkpoint", "state", "data_card.json")  # what makes a run folder

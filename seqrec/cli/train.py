@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from seqrec.cli.common import dataset_ref, print_metrics, resolve_dataset, run_config, run_folder
+from seqrec.cli.common import dataset_ref, print_metrics, resolve_dataset, run_config, run_folder, run_progress
 from seqrec.errors import SeqrecError, not_a_run
 
 
@@ -62,8 +63,11 @@ def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
         raise SeqrecError(f"--resume continues a run with its own config: drop {', '.join(given)}")
     if not (run_dir / "config.json").is_file():
         raise not_a_run(run_dir, "config.json")
-    if (run_dir / "results.json").is_file() and not (run_dir / "state").is_dir():
+    progress = run_progress(run_dir)
+    if progress == "finished":
         raise SeqrecError(f"{run_dir}: the run has finished (results.json is there); nothing to resume")
+    if not progress.startswith("not finished"):
+        raise SeqrecError(f"{run_dir}: {progress}")
     cfg = run_config(run_dir)
     data = PreparedDataset.load(resolve_dataset(cfg.data.dataset))
     report_run(run_dir, fit(cfg, data, run_dir, resume=True))
@@ -88,9 +92,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     data = PreparedDataset.load(resolve_dataset(args.dataset or cfg.data.dataset))
     device = pick_device(cfg.train.device)
     results: dict[str, Any] = {"protocol": protocol(data, cfg.eval, "test", cfg.data.max_len)}
-    for split in ("valid", "test"):
-        # a refitted run tests the refit, and validates the validation-chosen model it was refitted from
-        name = "checkpoint-selected" if split == "valid" and cfg.train.refit else "checkpoint"
+    progress = run_progress(run)
+    names = {split: "checkpoint-selected" if split == "valid" and cfg.train.refit else "checkpoint"
+             for split in ("valid", "test")}  # a refitted run tests the refit, validates the model it refitted
+    if progress != "finished":  # the validation-chosen model so far (a refit not begun, or cut short)
+        name = next((n for n in ("checkpoint-selected", "checkpoint") if (run / n / "model.json").is_file()), None)
+        if name is None:
+            raise SeqrecError(f"{run}: {progress}")
+        names = {"valid": name, "test": name}
+        print(f"(unfinished run: {progress.removeprefix('not finished: ')}; the metrics of the model validation "
+              "chose so far)")
+    for split, name in names.items():
         model, meta = load_checkpoint(run / name, device)
         if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
             raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
@@ -127,10 +139,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.tune import base_config, tune
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SeqrecError("seqrec tune runs in one process (its trials run side by side with --jobs), not under "
+                          "torchrun; train the chosen settings under torchrun afterwards")
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     base = base_config(Path(args.config) if args.config else None, args.model, str(data.path), list(args.set or []))
-    if args.budget <= 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1:
-        raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1")
+    if args.budget <= 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1 or args.seed < 0:
+        raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1, --seed >= 0")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     model = base.get("model", {}).get("name", "sasrec")
     run_dir = Path(args.out) if args.out else Path("runs") / f"tune-{data.meta['name']}-{model}-{stamp}"

@@ -58,7 +58,8 @@ def init_world(device_name: str) -> tuple[World, torch.device | None]:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return SINGLE, None
-    use_cuda = torch.cuda.is_available() and device_name in ("auto", "cuda")
+    # "cuda" or "cuda:N": each rank takes its LOCAL_RANK's GPU; "auto": the same where there is CUDA
+    use_cuda = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     world = World(dist.get_rank(), dist.get_world_size())

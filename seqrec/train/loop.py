@@ -146,6 +146,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table.
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
+    pick_device(cfg.train.device)  # a device that is not there is an error, under torchrun too
     world, rank_device = init_world(cfg.train.device)
     if not cfg.data.dataset:  # given as a dataset object (Python): the run records where it lies
         cfg.data.dataset = str(Path(data.path).resolve())
@@ -178,10 +179,16 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     state_dir, ckpt = run_dir / "state", run_dir / "checkpoint"
     if resume:  # every rank loads the same state
         loop = load_state(state_dir, model, opt, batches, ema)
+        if loop.dataset_fingerprint not in (None, data.fingerprint):
+            raise SeqrecError(f"{run_dir}: trained on dataset fingerprint {loop.dataset_fingerprint}, but "
+                              f"{data.path} has {data.fingerprint} now (prepared again since): it cannot go on "
+                              "on other data; train a new run")
         init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
+        decisions = decisions or loop.auto  # config.json holds the decided values, not the decisions
         log.info("resuming after epoch %d (best %s %.4f @ %d)", loop.epoch, metric, loop.best, loop.best_epoch)
     else:
-        loop = LoopState(init_items_from=None if init_items_from is None else str(init_items_from))
+        loop = LoopState(init_items_from=None if init_items_from is None else str(init_items_from),
+                         dataset_fingerprint=data.fingerprint, auto=decisions)
     if not world.main:
         return follow(cfg, data, device, model, opt, batches, step, world, loop, start_model)
     # epochs after the saved state (an interrupted one) are dropped from the log
@@ -217,9 +224,11 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         loop.history.append(row)
         with (run_dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        log.info("epoch %d loss %.4f %s %.4f (best %.4f @ %d) %.0f targets/s", epoch, stats.loss,
-                 metric, row.get("valid", {}).get(metric, float("nan")), loop.best, loop.best_epoch,
-                 stats.targets_per_s)
+        if "valid" in row:
+            log.info("epoch %d loss %.4f %s %.4f (best %.4f @ %d) %.0f targets/s", epoch, stats.loss,
+                     metric, row["valid"][metric], loop.best, loop.best_epoch, stats.targets_per_s)
+        else:  # train.eval_every > 1: no validation this epoch
+            log.info("epoch %d loss %.4f (not validated) %.0f targets/s", epoch, stats.loss, stats.targets_per_s)
         if loop.bad >= cfg.train.patience:
             log.info("early stop: no better %s for %d evaluations", metric, loop.bad)
             loop.stopped = True
@@ -306,6 +315,9 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
                                jitter=cfg.data.jitter)
     if world.distributed:
         batches = ShardedBatches(batches, world)
+        if len(batches) == 0:  # every rank would step nothing: the untrained model would be saved and tested
+            raise SeqrecError(f"{len(batches.batches)} training batch(es) an epoch for {world.size} processes: each "
+                              f"process needs at least one; lower train.batch_size (now {batch_size}) or run fewer")
     return model, opt, batches, step
 
 

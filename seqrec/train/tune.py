@@ -122,7 +122,8 @@ def _fits(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 def base_point(space: Space, base_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
     """The base config's own value of each searched setting that the space can hold ("auto" ones decided
-    from `data` as training would decide them); a setting outside its range is left to the sampler."""
+    from `data` as training would decide them); a setting outside its range is left out (the base trial keeps
+    the base's value of it, undrawn)."""
     from seqrec.train.auto import resolve_auto
 
     decided = copy.deepcopy(base_cfg)
@@ -157,10 +158,10 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
     run_dir.mkdir(parents=True, exist_ok=True)
     study = _open_study(run_dir, base, name, data, warmup, seed)
     n_before = len(study.trials)  # before the base is queued: it runs in this call
-    if not study.trials:  # the first trial is the base itself: the search never ends below it on validation
-        point = base_point(space, base_cfg, data)
+    if not _base_ran(study):  # the first trial is the base itself: the search never ends below it on validation
+        point = base_point(space, base_cfg, data)  # (again where an interrupted call left it failed or unrun)
         study.set_user_attr("base_point", point)
-        study.enqueue_trial(point)
+        study.enqueue_trial(point, user_attrs={"base": True, "base_keys": sorted(point)})
     started = time.time()
     objective = _objective(base, data, space, run_dir, started + budget_s, budget_s * jobs / min_trials, fit)
     _optimize(study, objective, budget_s, trials, jobs)
@@ -176,6 +177,23 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
     return report
 
 
+class _NoInterruptTraceback(logging.Filter):
+    """Optuna logs a trial stopped by Ctrl-C as failed, with a KeyboardInterrupt traceback; the command says
+    "interrupted" itself, and the study's next call runs a cut-short base trial again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[0] is KeyboardInterrupt)
+
+
+def _base_ran(study: Any) -> bool:
+    """Whether the base trial ran to its end (completed, or pruned) or is queued already: a study's first
+    call queues it, and a call after one interrupted during it queues it again."""
+    import optuna
+
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING)
+    return any(t.state in done for t in study.trials if t.user_attrs.get("base", t.number == 0))
+
+
 def _open_study(run_dir: Path, base: dict[str, Any], model: str, data: PreparedDataset, warmup: int,
                 seed: int) -> Any:
     """RUN/study.db's study, new or resumed; a resumed one must have been made with the same model, data
@@ -183,6 +201,9 @@ def _open_study(run_dir: Path, base: dict[str, Any], model: str, data: PreparedD
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trials_log = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _NoInterruptTraceback) for f in trials_log.filters):
+        trials_log.addFilter(_NoInterruptTraceback())
     study = optuna.create_study(
         study_name="seqrec-tune", storage=f"sqlite:///{(run_dir / 'study.db').resolve()}", load_if_exists=True,
         direction="maximize", pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup))
@@ -233,7 +254,9 @@ def _objective(base: dict[str, Any], data: PreparedDataset, space: Space, run_di
     import optuna
 
     def objective(trial: Any) -> float:
-        values = _fits({k: param.draw(trial, k) for k, param in space.items()}, base)
+        # the base trial keeps the base's own value of a setting its range cannot hold (a weight decay of 0)
+        drawn = [k for k in space if not trial.user_attrs.get("base") or k in trial.user_attrs["base_keys"]]
+        values = _fits({k: space[k].draw(trial, k) for k in drawn}, base)
         # a trial ends with the study's budget too (Optuna's timeout only stops new trials from starting),
         # and at its share of it
         cap = max(1.0, min(deadline - time.time(), share_s))
@@ -332,7 +355,7 @@ def _report(study: Any, run_dir: Path) -> dict[str, Any]:
         rows.append({"number": t.number, "state": t.state.name.lower(), "params": t.params,
                      "valid_ndcg@10": t.value, "last_reported": max(t.intermediate_values.items(), default=None),
                      "seconds": seconds, "started": t.datetime_start.timestamp() if t.datetime_start else None,
-                     "error": t.user_attrs.get("error")})
+                     "error": t.user_attrs.get("error"), "base": bool(t.user_attrs.get("base"))})
     best = study.best_trial if any(r["state"] == "complete" for r in rows) else None
     report = {"study": str(run_dir / "study.db"), "n_trials": len(rows),
               "base_point": study.user_attrs.get("base_point"),
