@@ -69,7 +69,7 @@ def test_torchrun_trains_synchronised_replicas(model: str, extra: str, tiny_data
         assert proc.returncode == 0, f"first launch:\n{first}\nsecond launch:\n{proc.stderr[-3000:]}"
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())  # rank 0 wrote the one run folder
-    assert results["epochs_run"] == 3 and 0 <= results["test"]["recall@10"] <= 1
+    assert results["epochs_run"] == 3 and 0 <= results["test"]["recall@10"] <= 1 and results["processes"] == [2]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
     assert not (run / "state").exists()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

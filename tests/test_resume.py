@@ -99,6 +99,7 @@ def test_resume_keeps_the_auto_record_and_refuses_other_data(tiny_dataset: Prepa
     resumed = loop.fit(run_config(tmp_path / "cut"), tiny_dataset, tmp_path / "cut", resume=True)
     whole = loop.fit(resolve({}, settings(tiny_dataset, "sasrec", ["train.epochs=3"])), tiny_dataset,
                      tmp_path / "whole")
+    assert resumed["processes"] == whole["processes"] == [1]
     assert [d["key"] for d in resumed["auto"]] == [d["key"] for d in whole["auto"]] and "train.batch_size" in [
         d["key"] for d in whole["auto"]]
 

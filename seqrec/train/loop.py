@@ -185,10 +185,15 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
                               "on other data; train a new run")
         init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
         decisions = decisions or loop.auto  # config.json holds the decided values, not the decisions
+        if loop.processes and world.size not in loop.processes and world.main:
+            log.warning("resuming a run trained by %s process(es) with %d: the result is not the one an "
+                        "uninterrupted run gives (start it as it was started, under torchrun)",
+                        "/".join(map(str, sorted(set(loop.processes)))), world.size)
+        loop.processes.append(world.size)
         log.info("resuming after epoch %d (best %s %.4f @ %d)", loop.epoch, metric, loop.best, loop.best_epoch)
     else:
         loop = LoopState(init_items_from=None if init_items_from is None else str(init_items_from),
-                         dataset_fingerprint=data.fingerprint, auto=decisions)
+                         dataset_fingerprint=data.fingerprint, auto=decisions, processes=[world.size])
     if not world.main:
         return follow(cfg, data, device, model, opt, batches, step, world, loop, start_model)
     # epochs after the saved state (an interrupted one) are dropped from the log
@@ -260,6 +265,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         results["init_items_from"] = str(init_items_from)
     if decisions:
         results["auto"] = decisions
+    results["processes"] = sorted(set(loop.processes))  # data-parallel: how many trained it (each resume adds its)
     write_json_atomic(run_dir / "results.json", results)
     learning_curve(loop.history, metric, run_dir / "curve.png")
     shutil.rmtree(state_dir, ignore_errors=True)  # the run is complete: nothing left to resume

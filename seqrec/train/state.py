@@ -47,6 +47,7 @@ class LoopState:
     dataset_fingerprint: str | None = None  # what it trains on: a resume on other data is refused
     auto: list[dict[str, Any]] = field(default_factory=list)  # what the auto settings decided (config.json has the
     # values only), for results.json
+    processes: list[int] = field(default_factory=list)  # data-parallel processes, of the first start and each resume
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
