@@ -62,7 +62,7 @@ def hold_rebuilds(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 def same_catalogue(a: Recommender, b: Recommender) -> None:
     """The same items under the same indices, texts, removals, vectors and answers."""
     assert a.catalogue.raw_ids == b.catalogue.raw_ids and a.catalogue.titles == b.catalogue.titles
-    assert a.catalogue.removed == b.catalogue.removed
+    assert a.catalogue.removed == b.catalogue.removed and a.catalogue.texts == b.catalogue.texts
     torch.testing.assert_close(a.catalogue.vectors, b.catalogue.vectors, atol=1e-5, rtol=0)
     for history in (["i3", "new1"], ["i5", "i6", "i7"], ["new3"]):
         got, want = b.recommend(history, 10), a.recommend(history, 10)

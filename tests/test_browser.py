@@ -162,11 +162,13 @@ def test_item_added_by_text_is_shown_among_its_neighbours(page: Page, server: st
     _build_history_and_recommend(page, history)
     page.locator("#new-id").fill("web-new")
     page.locator("#new-text").fill(title)
+    page.locator("#new-title").fill("Added on the page")
     page.locator("#add-item").click()
     try:
         expect(page.locator("#add-status")).to_contain_text("added web-new")
         # the page asks again once the item is in; the same text ties with `top`, so it is near the top
         expect(page.locator('#results tr[data-item="web-new"]')).to_have_class("new")
+        expect(page.locator('#results tr[data-item="web-new"]')).to_contain_text("Added on the page")
         want = _recommend(server, history)
         assert "web-new" in want[:3] and top in want[:3], want
         assert _shown(page) == want

@@ -78,6 +78,8 @@ def test_a_process_that_missed_two_compactions_applies_the_new_file_again(runs: 
     a.remove_items(["i3"])
     compact(path)
     a.add_items({"new3": "small tape", "new1": "a green saw"})
+    a.add_items({"i4": a.catalogue.title(a.catalogue.index["i4"]) or "i4"}, {"i4": "I4, titled"})
+    a.add_items({"i4": a.catalogue.texts[a.catalogue.index["i4"]]}, {"i4": "I4, titled again"})  # a title alone
     compact(path)
     a.remove_items(["new2"])
     assert a.catalogue_log is not None and a.catalogue_log.moves == 2  # it wrote after each
@@ -85,9 +87,11 @@ def test_a_process_that_missed_two_compactions_applies_the_new_file_again(runs: 
     b_apply = b.apply_items
     b.apply_items = lambda items: (applied.append(sorted(items)), b_apply(items))[1]  # type: ignore[method-assign]
     # b: the two changes it had not read from its first file, then the new file's state (what differs from b's)
-    assert follower.catch_up(b) == 2 + 1 and follower.moves == 1 and follower.changes == a.catalogue_log.changes == 4
-    # from the first file new1 and new2; from the state only what differs: new1's text, new3 (new2 is removed)
-    assert applied == [["new1", "new2"], ["new1", "new3"]]
+    assert follower.catch_up(b) == 2 + 1 and follower.moves == 1 and follower.changes == a.catalogue_log.changes == 6
+    # from the first file new1 and new2; from the state only what differs: new1's text, new3, i4's title (new2 is
+    # removed)
+    assert applied == [["new1", "new2"], ["i4", "new1", "new3"]]
+    assert b.catalogue.title(b.catalogue.index["i4"]) == "I4, titled again"
     same_catalogue(a, b)
     a.close_log()
     follower.close()
@@ -250,7 +254,8 @@ def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tm
     served.add_items({"new1": "a red tool for the garden", "new2": "blue glue for paper"})
     served.add_items({"new1": "a green saw", "i3": "i3 with a text of its own"})
     served.remove_items(["new2", "i8", "i3"])
-    served.add_items({"new3": "small tape", "i3": "i3 back again"})  # removed, then given a text: back
+    served.add_items({"new3": "small tape", "i3": "i3 back again"},  # removed, then given a text: back
+                     {"i3": "I3 (titled)"})
     served.remove_items(["new3"])
     served.close_log()
     with path.open("a") as f:  # a line from before lines carried vectors
@@ -266,11 +271,13 @@ def test_a_compacted_log_replays_to_the_same_catalogue(runs: dict[str, Path], tm
     assert [line["op"] for line in lines] == ["catalogue", "items", "items", "remove"]
     assert list(lines[1]["items"]) == ["new1", "new2", "i3", "new3"] and "vectors" in lines[1]
     assert lines[1]["items"]["i3"] == "i3 back again" and lines[2] == {"op": "items", "items": {"new4": "a ladder"}}
+    assert lines[1]["titles"] == {"i3": "I3 (titled)"}
     assert sorted(lines[3]["ids"]) == ["i8", "new2", "new3"] and path.stat().st_size < before
     again = Recommender.from_run(runs["unisrec"])
     assert again.keep_log(path) == (3, 0)
     assert again.catalogue.raw_ids == replayed.catalogue.raw_ids
     assert again.catalogue.titles == replayed.catalogue.titles and "new4" in again.catalogue.index
+    assert again.catalogue.texts == replayed.catalogue.texts and "I3 (titled)" in again.catalogue.titles
     assert again.catalogue.removed == replayed.catalogue.removed
     torch.testing.assert_close(again.catalogue.vectors, replayed.catalogue.vectors, atol=1e-5, rtol=0)
 

@@ -47,25 +47,35 @@ def test_a_restarted_service_comes_back_with_its_catalogue_changes(runs: dict[st
         assert client.post("/items", json=body).status_code == 200
 
     post(new1="a red tool for the garden", new2="blue glue for paper")
-    post(new1="a green saw")  # replaced
+    titled = {"items": [{"id": "new1", "text": "a green saw with teeth", "title": "Green saw"}]}
+    assert client.post("/items", json=titled).status_code == 200  # replaced, with a title of its own
+    post(new1="a green saw")  # replaced again: its title is its text once more
+    titled = {"items": [{"id": "new4", "text": "a long text: brand, categories, ...", "title": "Short title"}]}
+    assert client.post("/items", json=titled).status_code == 200
     assert client.delete("/items/i3").status_code == 200
     assert client.delete("/items/new2").status_code == 200
     post(i3="i3 comes back with a text of its own")  # a removed item given a text is recommendable again
     post(new3="small tape")
     assert client.delete("/items/i8").status_code == 200
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines[0]["op"] == "catalogue" and len(lines) == 8  # then one line per change, before it was answered
+    assert lines[0]["op"] == "catalogue" and len(lines) == 10  # then one line per change, before it was answered
+    assert lines[2]["titles"] == {"new1": "Green saw"} and "titles" not in lines[3]
+    assert client.get("/items/new4").json()["title"] == "Short title"
+    assert client.get("/items/new1").json()["title"] == "a green saw"
 
     served.close_log()  # as the process would at its end
     restarted = Recommender.from_run(runs["unisrec"])
-    assert restarted.keep_log(path) == (7, 0)
+    assert restarted.keep_log(path) == (9, 0)
     same_catalogue(served, restarted)
+    new4 = restarted.catalogue.index["new4"]
+    assert restarted.catalogue.title(new4) == "Short title"
+    assert restarted.catalogue.texts[new4] == "a long text: brand, categories, ..."
     assert restarted.catalogue.removed == {restarted.catalogue.index[r] for r in ("new2", "i8")}
     # the restarted service goes on writing the same log: a third start has its change too
     TestClient(create_app(restarted)).delete("/items/new3")
     restarted.close_log()
     third = Recommender.from_run(runs["unisrec"])
-    assert third.keep_log(path) == (8, 0)
+    assert third.keep_log(path) == (10, 0)
     same_catalogue(restarted, third)
 
 

@@ -279,6 +279,15 @@ def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, 
     fresh = next(r for r in got if r["item"] == "fresh")
     assert fresh["score"] == pytest.approx(top["score"], abs=1e-4)
     assert client.get("/items/fresh").json() == {"item": "fresh", "title": title, "recommendable": True}
+    # a title of its own is shown and searched; the score comes from the text alone
+    body = {"items": [{"id": "fresh2", "text": title, "title": "Fresh, titled"}]}
+    assert client.post("/items", json=body).json()["added"] == ["fresh2"]
+    got = client.post("/recommend", json={"history": history, "k": 4}).json()["items"]
+    fresh2 = next(r for r in got if r["item"] == "fresh2")
+    assert fresh2["title"] == "Fresh, titled" and fresh2["score"] == pytest.approx(fresh["score"], abs=1e-5)
+    assert client.get("/items", params={"q": "titled"}).json() == [
+        {"item": "fresh2", "title": "Fresh, titled", "recommendable": True}]
+    client.delete("/items/fresh2")
     # usable in a history at once; similar finds its twin
     assert client.post("/recommend", json={"history": ["i1", "fresh"], "k": 3}).status_code == 200
     assert top["item"] in [r["item"] for r in client.get("/similar/fresh?k=3").json()["items"]]
@@ -313,6 +322,9 @@ def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
     ("post", "/recommend/batch", {"histories": [["i1"], []]}, 422, "histories"),
     ("post", "/recommend/batch", {"histories": [["i1"], ["zz"]]}, 404, "'zz'"),
     ("post", "/items", {"items": [{"id": "n", "text": ""}]}, 422, "text"),
+    ("post", "/items", {"items": [{"id": "n", "text": "   "}]}, 400, "non-empty text"),
+    ("post", "/items", {"items": [{"id": "n", "text": "a saw", "title": ""}]}, 422, "title"),
+    ("post", "/items", {"items": [{"id": "n", "text": "a saw", "title": "  "}]}, 400, "'n': a title, when given"),
     ("post", "/items", {"items": []}, 422, "items"),
     ("get", "/items/zz", None, 404, "'zz'"),
     ("delete", "/items/zz", None, 404, "'zz'"),

@@ -99,9 +99,9 @@ def test_concurrent_adds_of_one_new_id_report_it_added_once(runs: dict[str, Path
     barrier = threading.Barrier(2, timeout=10)
     add = rec.add_items
 
-    def slow_add(texts):  # type: ignore[no-untyped-def]
+    def slow_add(texts, titles=None):  # type: ignore[no-untyped-def]
         barrier.wait()  # both requests are past their `known` check, as when both are encoding text
-        return add(texts)
+        return add(texts, titles)
 
     rec.add_items = slow_add  # type: ignore[method-assign]
 

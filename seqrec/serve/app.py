@@ -195,7 +195,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         texts = {it.id: it.text for it in req.items}
         if len(texts) != len(req.items):
             raise SeqrecError("the same item id is given more than once")
-        added, replaced = rec.add_items(texts)
+        added, replaced = rec.add_items(texts, {it.id: it.title for it in req.items if it.title is not None})
         return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
 
     @app.post("/items/remove", response_model=RemoveResponse)

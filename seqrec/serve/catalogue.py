@@ -1,4 +1,5 @@
-"""The live catalogue of a service: raw item ids, titles, item vectors (+ output bias) and a retriever.
+"""The live catalogue of a service: raw item ids, titles, item vectors (+ output bias) and a retriever, and
+the texts of the items given one while it runs (added or replaced by text).
 
 Item ids only grow (1..N; 0 is padding) and a removed item is a tombstone, so an id a reader
 holds never changes meaning. Writers (add, replace, remove) take `lock`; readers take no lock:
@@ -40,6 +41,7 @@ class Catalogue:
         self.raw_ids, self.titles = list(raw_ids), list(titles)
         self.index = {raw: i + 1 for i, raw in enumerate(self.raw_ids)}
         self.removed: set[int] = set()
+        self.texts: dict[int, str] = {}  # index -> text, for the items added or given a text while serving
         self.generation = 0  # counts replacements of existing items' vectors (caches of them go stale)
         self._vectors, self._bias = vectors.detach().float().clone(), None if bias is None else bias.detach().float()
         self._n = len(self.raw_ids)
@@ -103,8 +105,9 @@ class Catalogue:
         return self.titles[idx - 1]
 
     def append(self, raws: Sequence[str], titles: Sequence[str | None], vectors: torch.Tensor,
-               bias: torch.Tensor | None) -> list[int]:
-        """New items (raw ids not yet known) with their vectors (n, D) [+ bias (n,)] -> their indices."""
+               bias: torch.Tensor | None, texts: Sequence[str] | None = None) -> list[int]:
+        """New items (raw ids not yet known) with their vectors (n, D) [+ bias (n,)] [and the texts they
+        were made from] -> their indices."""
         n = len(raws)
         if len(titles) != n or len(vectors) != n or (bias is not None and len(bias) != n):
             raise SeqrecError(f"append: {n} ids, {len(titles)} titles, {len(vectors)} vectors"
@@ -122,13 +125,19 @@ class Catalogue:
             except BaseException:  # nothing half-added
                 del self.raw_ids[first - 1 :], self.titles[first - 1 :]
                 raise
+            if texts is not None:
+                self.texts.update(zip(ids, texts, strict=True))
             self._n += n  # readers see the new rows from here on
             self.index.update(zip(raws, ids, strict=True))
             return ids
 
-    def replace(self, ids: Sequence[int], titles: Sequence[str | None], vectors: torch.Tensor) -> None:
-        """New vectors and titles for known items; a removed one is recommendable again."""
+    def replace(self, ids: Sequence[int], titles: Sequence[str | None], vectors: torch.Tensor,
+                texts: Sequence[str] | None = None) -> None:
+        """New vectors and titles [and the texts they were made from] for known items; a removed one is
+        recommendable again."""
         with self.lock:
+            if texts is not None:
+                self.texts.update(zip(ids, texts, strict=True))
             at = torch.as_tensor(list(ids), dtype=torch.long)
             self._vectors[at] = vectors.to(self._vectors)
             for i, title in zip(ids, titles, strict=True):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def apply_changes(path: Path, rec: LiveCatalogue, records: list[tuple[int, dict[str, Any]]]) -> None:
     """Apply (line number, change) records read from the log at `path`: a run of "items" lines as one batch, a run
     of "remove" lines as one removal, a "state" (a compacted file read from its start) as what differs."""
-    adding: dict[str, tuple[str, np.ndarray | None]] = {}  # a run of "items" lines, one batch
+    adding: dict[str, tuple[str, str | None, np.ndarray | None]] = {}  # a run of "items" lines, one batch
     removing: list[str] = []  # a run of "remove" lines, one removal
     lines: list[int] = []  # the lines of the run
     key = rec.encoder_key() if any(r["op"] == "items" for _, r in records) else None
@@ -29,8 +29,9 @@ def apply_changes(path: Path, rec: LiveCatalogue, records: list[tuple[int, dict[
         if record["op"] == "items":
             _flush(path, rec, {}, removing, lines)
             vectors = record.get("vectors") if record.get("encoder") == key else None
+            titles = record.get("titles", {})
             for row, (raw, text) in enumerate(record["items"].items()):  # a later text of an id wins
-                adding[raw] = (text, None if vectors is None else vectors[row])
+                adding[raw] = (text, titles.get(raw), None if vectors is None else vectors[row])
         else:
             _flush(path, rec, adding, [], lines)  # every item added before this line is known from here on
             unknown = [i for i in record["ids"] if i not in rec.catalogue.index]
@@ -48,14 +49,15 @@ def _apply_state(rec: LiveCatalogue, state: dict[str, Any]) -> None:
     key = rec.encoder_key() if state["texts"] else None
     cat = rec.catalogue
 
-    def differs(raw: str, text: str) -> bool:
+    def differs(raw: str, text: str, title: str | None) -> bool:
         if raw not in cat.index:
             return True
         idx = cat.index[raw]
-        return cat.title(idx) != text or (idx in cat.removed and not state["removed"][raw])
+        return (cat.texts.get(idx) != text or cat.title(idx) != (title or text)
+                or (idx in cat.removed and not state["removed"][raw]))
 
-    adding = {raw: (text, vector if encoder == key else None)
-              for raw, (text, encoder, vector) in state["texts"].items() if differs(raw, text)}
+    adding = {raw: (text, title, vector if encoder == key else None)
+              for raw, (text, title, encoder, vector) in state["texts"].items() if differs(raw, text, title)}
     if adding:
         rec.apply_items(adding)
     removing = [raw for raw, is_removed in state["removed"].items()
@@ -63,8 +65,8 @@ def _apply_state(rec: LiveCatalogue, state: dict[str, Any]) -> None:
     if removing:
         rec.apply_removal(removing)
 
-def _flush(path: Path, rec: LiveCatalogue, adding: dict[str, tuple[str, np.ndarray | None]], removing: list[str],
-           lines: list[int]) -> None:
+def _flush(path: Path, rec: LiveCatalogue, adding: dict[str, tuple[str, str | None, np.ndarray | None]],
+           removing: list[str], lines: list[int]) -> None:
     """Apply a pending run of additions or of removals (one of the two is empty) and empty it."""
     if not (adding or removing):
         return

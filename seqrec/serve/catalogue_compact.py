@@ -25,7 +25,8 @@ import torch
 from seqrec.errors import SeqrecError
 from seqrec.serve.catalogue_file import check_head, line_bytes, pack_vectors, read_at, read_lines, same_file
 
-Texts = dict[str, tuple[str, str | None, np.ndarray | None]]  # raw id -> (last text, its encoder, its vector)
+# raw id -> (last text, its title when one other than the text was given, the text's encoder, its vector)
+Texts = dict[str, tuple[str, str | None, str | None, np.ndarray | None]]
 COMPACT_LINE_ITEMS = 10_000  # items per "items" line of a compacted log (a replay joins them into one batch)
 
 
@@ -171,17 +172,20 @@ def _counts(data: bytes, out: bytes, texts: dict[str, Any], removed: dict[str, b
 def compacted(texts: Texts, removed: dict[str, bool]) -> bytes:
     """The changes of a folded log: the items in runs of one encoder (or none), one removal."""
     lines = []
-    runs: list[tuple[str | None, list[tuple[str, str, np.ndarray | None]]]] = []
-    for raw, (text, encoder, vector) in texts.items():
+    runs: list[tuple[str | None, list[tuple[str, str, str | None, np.ndarray | None]]]] = []
+    for raw, (text, title, encoder, vector) in texts.items():
         kind = None if vector is None else encoder  # items with vectors of one encoder, or without any
         if not runs or runs[-1][0] != kind or len(runs[-1][1]) == COMPACT_LINE_ITEMS:
             runs.append((kind, []))
-        runs[-1][1].append((raw, text, vector))
+        runs[-1][1].append((raw, text, title, vector))
     for kind, run in runs:
-        record: dict[str, Any] = {"op": "items", "items": {raw: text for raw, text, _ in run}}
+        record: dict[str, Any] = {"op": "items", "items": {raw: text for raw, text, _, _ in run}}
+        titles = {raw: title for raw, _, title, _ in run if title is not None}
+        if titles:
+            record["titles"] = titles
         if kind is not None:
             record["encoder"] = kind
-            record["vectors"] = pack_vectors(torch.from_numpy(np.stack([v for _, _, v in run])))  # type: ignore[misc]
+            record["vectors"] = pack_vectors(torch.from_numpy(np.stack([v for _, _, _, v in run])))  # type: ignore[misc]
         lines.append(line_bytes(record))
     gone = [raw for raw, is_removed in removed.items() if is_removed]
     if gone:
@@ -243,8 +247,8 @@ def placement(first: bytes, origin: tuple[int, int, int], log_id: str | None, ch
 
 
 def fold(changes: list[dict[str, Any]]) -> tuple[Texts, dict[str, bool]]:
-    """Changes (read lines) folded: raw id -> (last text, encoder, vector) in the order of first addition, and
-    raw id -> whether its last change removed it."""
+    """Changes (read lines) folded: raw id -> (last text, its title or None, encoder, vector) in the order of
+    first addition, and raw id -> whether its last change removed it."""
     texts: Texts = {}
     removed: dict[str, bool] = {}
     for record in changes:
@@ -252,7 +256,8 @@ def fold(changes: list[dict[str, Any]]) -> tuple[Texts, dict[str, bool]]:
             removed.update(dict.fromkeys(record["ids"], True))
             continue
         vectors = record.get("vectors") if "encoder" in record else None  # none of a named encoder: unused
+        titles = record.get("titles", {})
         for row, (raw_id, text) in enumerate(record["items"].items()):
-            texts[raw_id] = (text, record.get("encoder"), None if vectors is None else vectors[row])
+            texts[raw_id] = (text, titles.get(raw_id), record.get("encoder"), None if vectors is None else vectors[row])
             removed[raw_id] = False
     return texts, removed

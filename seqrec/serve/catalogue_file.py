@@ -4,7 +4,8 @@ vectors packed), and reading and writing them whole.
     {"op": "catalogue", "items": N, "fingerprint": "...",   first line: the catalogue it was written for
      "log": "..."}                                         (and the log's id, which compactions keep)
     {"op": "items", "items": {"raw id": "text", ...},      POST /items: added, or text replaced,
-     "encoder": "...", "vectors": "..."}                   with the texts' frozen-encoder vectors
+     "encoder": "...", "vectors": "...",                   with the texts' frozen-encoder vectors
+     "titles": {"raw id": "title", ...}}                   and the titles given (optional: the text otherwise)
     {"op": "remove", "ids": ["raw id", ...]}               DELETE /items/{id}, POST /items/remove
 
 Replaying gives the same catalogue: the same raw ids under the same item indices, texts and removed
@@ -147,6 +148,10 @@ def invalid(record: Any) -> str | None:
             return '"items" must map raw ids to texts that are not empty'
         if not isinstance(record.get("vectors", ""), str) or not isinstance(record.get("encoder", ""), str):
             return '"vectors" and "encoder" must be strings'
+        titles = record.get("titles", {})
+        if not isinstance(titles, dict) or not all(
+                k in items and isinstance(v, str) and v.strip() for k, v in titles.items()):
+            return '"titles" must map raw ids of "items" to titles that are not empty'
         return None
     ids = record.get("ids")
     return None if isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) else '"ids" must list raw ids'

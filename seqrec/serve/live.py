@@ -41,33 +41,46 @@ class LiveCatalogue:
         """Whether new items can be added by text (a text model such as UniSRec)."""
         return hasattr(self.model, "add_items")
 
-    def add_items(self, texts: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    def add_items(self, texts: Mapping[str, str], titles: Mapping[str, str] | None = None
+                  ) -> tuple[list[str], list[str]]:
         """Add items (raw id -> text) or replace the text of known ones, from text alone; they are
-        recommendable (and usable in histories) as soon as this returns. Needs a text model.
+        recommendable (and usable in histories) as soon as this returns. Needs a text model. `titles`
+        (raw id -> title) gives some of them a title to show other than their text (an item's text is
+        its title otherwise, a replaced one's too).
         Returns (added, replaced): the raw ids that were new and those whose text was replaced, as
         decided under the catalogue's lock (so two concurrent calls never both add one id)."""
         self._check_takes_text()
         if not texts:
             raise SeqrecError("no items given")
+        titles = dict(titles or {})
+        stray = [raw for raw in titles if raw not in texts]
+        if stray:
+            raise SeqrecError(f"a title for {stray[0]!r}, which is not among the items given")
+        blank = [raw for raw, title in titles.items() if not title.strip()]
+        if blank:
+            raise SeqrecError(f"item {blank[0]!r}: a title, when given, must not be blank")
         text_vectors = self._encode(list(texts.values()))
         record = None
         if self._log is not None:
             record = {"op": "items", "items": dict(texts), "encoder": self.encoder_key(),
                       "vectors": pack_vectors(text_vectors)}
-        return self._add_encoded(texts, text_vectors, record)
+            if titles:
+                record["titles"] = titles
+        return self._add_encoded(texts, titles, text_vectors, record)
 
-    def apply_items(self, items: Mapping[str, tuple[str, np.ndarray | None]]) -> None:
-        """Add or replace items (raw id -> (text, its frozen-encoder vector or None)) as a catalogue log
-        records them, without logging them again; texts without a vector are encoded."""
+    def apply_items(self, items: Mapping[str, tuple[str, str | None, np.ndarray | None]]) -> None:
+        """Add or replace items (raw id -> (text, its title or None, its frozen-encoder vector or None)) as a
+        catalogue log records them, without logging them again; texts without a vector are encoded."""
         self._check_takes_text()
-        texts = {raw: text for raw, (text, _) in items.items()}
-        missing = [raw for raw, (_, vector) in items.items() if vector is None]
+        texts = {raw: text for raw, (text, _, _) in items.items()}
+        titles = {raw: title for raw, (_, title, _) in items.items() if title is not None}
+        missing = [raw for raw, (_, _, vector) in items.items() if vector is None]
         encoded = dict(zip(missing, self._encode([texts[raw] for raw in missing]), strict=True)) if missing else {}
-        rows = [encoded[raw] if vector is None else torch.from_numpy(vector) for raw, (_, vector) in items.items()]
+        rows = [encoded[raw] if vector is None else torch.from_numpy(vector) for raw, (_, _, vector) in items.items()]
         if len({row.shape for row in rows}) > 1 or rows[0].shape[0] != self.text_encoder().dim:
             raise SeqrecError(f"item text vectors of width {rows[0].shape[0]} do not fit the run's text "
                               f"encoder ({self.text_encoder().dim})")
-        self._add_encoded(texts, torch.stack(rows), None)
+        self._add_encoded(texts, titles, torch.stack(rows), None)
 
     @property
     def no_new_text(self) -> str | None:
@@ -87,7 +100,7 @@ class LiveCatalogue:
         with _ENCODING:  # a request and the log's follower may both encode; the tokenizer is not thread-safe
             return encode_texts(texts, options, encoder=self.text_encoder())
 
-    def _add_encoded(self, texts: Mapping[str, str], text_vectors: torch.Tensor,
+    def _add_encoded(self, texts: Mapping[str, str], titles: Mapping[str, str], text_vectors: torch.Tensor,
                      record: dict[str, Any] | None) -> tuple[list[str], list[str]]:
         device = self.catalogue.vectors.device
         cat, model = self.catalogue, self.model
@@ -95,19 +108,21 @@ class LiveCatalogue:
             known = [i for i, raw in enumerate(texts) if raw in cat.index]
             new = [i for i, raw in enumerate(texts) if raw not in cat.index]
             raws, values = list(texts), list(texts.values())
+            shown = [titles.get(raw, text) for raw, text in texts.items()]
             if new:  # first: a failed addition is undone whole
                 first = int(model.n_items) + 1  # type: ignore[arg-type]
                 try:
                     ids = torch.tensor(list(model.add_items(text_vectors[new].to(device))),  # type: ignore[operator]
                                        device=device)
-                    cat.append([raws[i] for i in new], [values[i] for i in new], self._item_side(ids), None)
+                    cat.append([raws[i] for i in new], [shown[i] for i in new], self._item_side(ids), None,
+                               [values[i] for i in new])
                 except BaseException:  # the model's items match the catalogue's again
                     model.drop_items_from(first)  # type: ignore[operator]
                     raise
             if known:
                 ids = torch.tensor([cat.index[raws[i]] for i in known], device=device)
                 model.set_item_text(ids, text_vectors[known].to(device))  # type: ignore[operator]
-                cat.replace(ids.tolist(), [values[i] for i in known], self._item_side(ids))
+                cat.replace(ids.tolist(), [shown[i] for i in known], self._item_side(ids), [values[i] for i in known])
         return [raws[i] for i in new], [raws[i] for i in known]
 
     def _item_side(self, ids: torch.Tensor) -> torch.Tensor:

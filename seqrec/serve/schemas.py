@@ -68,6 +68,8 @@ class BatchResponse(BaseModel):
 class NewItem(Strict):
     id: ItemId
     text: str = Field(min_length=1, max_length=20_000, description="the item's text (title, brand, ...)")
+    title: str | None = Field(None, min_length=1, max_length=2_000, description="the title shown with the item "
+                              "(recommendations, GET /items); its text when left out")
 
 
 class ItemsRequest(Strict):
