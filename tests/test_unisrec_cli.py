@@ -105,6 +105,40 @@ def test_cold_item_split_and_cold_warm_metrics(tmp_path: Path, setup: tuple[Path
     assert set(out["cold"]) >= {"recall@10", "ndcg@10"}
 
 
+def test_cold_split_and_evaluate_cold_from_the_cli(tmp_path: Path, setup: tuple[Path, Path, Path],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`data cold-split` writes the split `cold_item_split` makes; `evaluate --cold` adds rows for cold and warm
+    targets whose user counts add up to the split's, and leaves the split's own row as plain `evaluate` has it."""
+    a = setup[1]
+    dest = tmp_path / "a-cold"
+    said = run(capsys, "data", "cold-split", str(a), "--fraction", "0.3", "--seed", "1", "--out", str(dest))
+    cold = PreparedDataset.load(dest)
+    want = cold_item_split(PreparedDataset.load(a), 0.3, 1, tmp_path / "same")
+    assert cold.meta["name"] == "a-cold" and np.array_equal(cold.items, want.items)
+    users, pos = cold.eval_positions("test")
+    n_cold = int(cold_mask(cold)[cold.items[cold.offsets[users] + pos]].sum())
+    assert n_cold >= 1 and f"{n_cold:,} of {len(users):,} test targets cold" in said
+    runs = tmp_path / "run"
+    run(capsys, "train", "--dataset", str(dest), "--model", "sasrec", "--set", "model.d=16",
+        "--set", "train.epochs=1", "--set", "train.progress=false", "--out", str(runs))
+    rows = {line[:11].strip(): line[11:].split() for line in run(capsys, "evaluate", str(runs), "--cold").splitlines()
+            if line[:11].strip() in ("valid", "test", "test cold", "test warm", "valid cold", "valid warm")}
+    plain = {line[:11].strip(): line[11:].split() for line in run(capsys, "evaluate", str(runs)).splitlines()
+             if line[:11].strip() in ("valid", "test")}
+    assert rows["test"] == plain["test"] and rows["valid"] == plain["valid"]
+    assert int(rows["test cold"][-1]) == n_cold and int(rows["test warm"][-1]) == len(users) - n_cold
+    assert int(rows["test"][-1]) == len(users)
+    # bad input: one line each
+    for argv, message in ((["--fraction", "1.5"], "--fraction must be between 0 and 1"),
+                          (["--out", str(dest)], "the dataset itself")):
+        target = str(dest) if "--out" in argv else str(a)
+        assert main(["data", "cold-split", target, *argv]) == 2
+        assert message in capsys.readouterr().err
+    timed = prepare(synthetic_log(seed=0), PrepareOptions(split="time"), tmp_path / "timed").path
+    assert main(["data", "cold-split", str(timed), "--out", str(tmp_path / "x")]) == 2
+    assert "needs a leave-one-out dataset" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
 def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Pre-train from a recipe file on domain b only, then use it on domain a with no training: as a

@@ -127,11 +127,19 @@ def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
 
 
 def print_metrics(results: dict[str, Any]) -> None:
+    """The metrics of each split evaluated (and of its cold and warm targets, when `evaluate --cold` measured
+    them) with the number of users each row averages over."""
     ks = results["protocol"]["ks"]
     names = ("recall", "ndcg", "mrr")
     if results["protocol"].get("filter_seen"):  # another protocol than the default: said where it prints
         print("(already-seen items removed from the ranking: eval.filter_seen)")
-    print(f"{'split':<7}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names))
-    for split in ("valid", "test"):
-        if split in results:
-            print(f"{split:<7}" + "".join(f"{results[split][f'{m}@{k}']:>12.4f}" for k in ks for m in names))
+    print(f"{'split':<11}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names) + f"{'users':>9}")
+    for split in ("valid", "valid cold", "valid warm", "test", "test cold", "test warm"):
+        row = results.get(split)
+        if row is None:
+            continue
+        users = f"{int(row['n_users']):>9,}" if "n_users" in row else ""
+        if f"recall@{ks[0]}" not in row:  # a kind of target this split has none of
+            print(f"{split:<11}" + f"{'(no such targets)':>{12 * len(ks) * len(names)}}" + users)
+            continue
+        print(f"{split:<11}" + "".join(f"{row[f'{m}@{k}']:>12.4f}" for k in ks for m in names) + users)

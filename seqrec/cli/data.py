@@ -125,6 +125,31 @@ def _fingerprint(dest: Path) -> str | None:
         return None
 
 
+def cmd_cold_split(args: argparse.Namespace) -> int:
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.eval.cold import cold_item_split, cold_mask
+
+    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    if not 0 < args.fraction < 1:
+        raise SeqrecError(f"--fraction must be between 0 and 1 (exclusive), got {args.fraction}")
+    if args.seed < 0:
+        raise SeqrecError(f"--seed must be >= 0, got {args.seed}")
+    default = f"{data.meta['name']}-cold{round(args.fraction * 100)}"
+    dest = Path(args.out) if args.out else _home() / "prepared" / default
+    if dest.resolve() == data.path.resolve():
+        raise SeqrecError(f"--out {dest} is the dataset itself: write the cold-item split to another folder")
+    before = _fingerprint(dest)
+    cold = cold_item_split(data, args.fraction, args.seed, dest, name=dest.resolve().name)
+    users, pos = cold.eval_positions("test")
+    n_cold = int(cold_mask(cold)[cold.items[cold.offsets[users] + pos]].sum())
+    print(f"cold-item split of {data.meta['name']} -> {dest}: {cold.meta['options']['cold_items']:,} test-target "
+          f"items made cold (their earlier events removed), {cold.n_users:,} of {data.n_users:,} users kept, "
+          f"{n_cold:,} of {len(users):,} test targets cold; evaluate a run on it with `seqrec evaluate --cold`")
+    if before not in (None, cold.fingerprint):
+        print(f"(it replaced a dataset with other data: fingerprint {before} -> {cold.fingerprint})")
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
 
@@ -184,7 +209,7 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `data fetch|prepare|stats|features` on the top-level subparsers."""
+    """Register `data fetch|prepare|cold-split|stats|features` on the top-level subparsers."""
     data_parser = sub.add_parser("data", help="fetch, prepare and inspect datasets")
     data = data_parser.add_subparsers(dest="data_cmd", required=True)
     f = data.add_parser("fetch", help="download a public dataset into $SEQREC_HOME/raw")
@@ -223,6 +248,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--test-frac", type=float, help="time split: share of events at or after the test cutoff (0.1)")
     pr.add_argument("--valid-frac", type=float, help="time split: share of events before it for validation (0.1)")
     pr.set_defaults(fn=cmd_prepare)
+    cs = data.add_parser("cold-split", help="a copy of a dataset whose chosen test-target items are new at test "
+                         "time (cold items), to measure how a model finds items it never trained on")
+    cs.add_argument("dataset")
+    cs.add_argument("--fraction", type=float, default=0.2,
+                    help="share of the test-target items made cold: their events before the test are removed "
+                         "(default 0.2)")
+    cs.add_argument("--seed", type=int, default=0, help="which items are chosen (default 0)")
+    cs.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME-coldPCT); the dataset is named "
+                    "after it")
+    cs.set_defaults(fn=cmd_cold_split)
     st = data.add_parser("stats", help="users, items, interactions, length distribution")
     st.add_argument("dataset")
     st.add_argument("--json", action="store_true",

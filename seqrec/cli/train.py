@@ -76,7 +76,7 @@ def resume_train(run_dir: Path, args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
-    from seqrec.eval.evaluate import evaluate, protocol
+    from seqrec.eval.evaluate import protocol
     from seqrec.train.checkpoint import load_checkpoint
     from seqrec.train.loop import pick_device
 
@@ -107,15 +107,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
             raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
                               f"but {data.path} has {data.fingerprint}")
-        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
+        results |= evaluate_split(model, data, split, cfg, device, args.cold)
     print_metrics(results)
     return 0
+
+
+def evaluate_split(model: Any, data: Any, split: str, cfg: Any, device: Any, cold: bool) -> dict[str, Any]:
+    """The rows of one split: its metrics, and with `cold` those of its cold targets (items in no training
+    event) and warm ones, ranked once."""
+    from seqrec.eval.cold import evaluate_cold_warm
+    from seqrec.eval.evaluate import evaluate
+
+    if not cold:
+        return {split: evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)}
+    out = evaluate_cold_warm(model, data, split, cfg.data.max_len, cfg.eval, device)
+    if split == "valid":
+        print("(cold: targets whose item occurs in no training event; warm: the others)")
+    return {split: out["all"], f"{split} cold": out["cold"], f"{split} warm": out["warm"]}
 
 
 def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     """A pre-trained text model on a dataset it never trained on, through that dataset's item text alone."""
     from seqrec.data.dataset import PreparedDataset
-    from seqrec.eval.evaluate import evaluate, protocol
+    from seqrec.eval.evaluate import protocol
     from seqrec.train.loop import pick_device
     from seqrec.train.transfer import finetune_model, zero_shot_config
 
@@ -130,7 +144,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"protocol": {**protocol(data, cfg.eval, "test", cfg.data.max_len),
                                             "model_selection": "none: zero-shot from " + str(run)}}
     for split in ("valid", "test"):
-        results[split] = evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)
+        results |= evaluate_split(model, data, split, cfg, device, args.cold)
     print_metrics(results)
     return 0
 
@@ -182,6 +196,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("run")
     e.add_argument("--dataset", help="prepared dataset (default: the run's)")
     e.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--cold", action="store_true", help="also the metrics of cold targets (items in no training "
+                   "event: new items, as a `data cold-split` makes them) and of warm ones, apart")
     e.set_defaults(fn=cmd_evaluate)
     tu = sub.add_parser("tune", help="search a model's settings on validation (Optuna), then train and test the best")
     tu.add_argument("--dataset", required=True)

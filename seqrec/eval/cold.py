@@ -46,7 +46,8 @@ def cold_mask(data: PreparedDataset) -> np.ndarray:
 
 def evaluate_cold_warm(model: SequentialModel, data: PreparedDataset, which: str, max_len: int,
                        cfg: EvalConfig, device: torch.device) -> dict[str, Any]:
-    """Metrics over all, cold and warm targets of `which`, with their counts."""
+    """Metrics over all, cold and warm targets of `which`, with their counts (`n_users` in each, and
+    `n_cold`, `n_warm`); a kind with no target has only its count."""
     ranks = evaluate_ranks(model, data, which, max_len, cfg, device)
     users, pos = data.eval_positions(which)
     targets = data.items[data.offsets[users] + pos]
@@ -54,15 +55,22 @@ def evaluate_cold_warm(model: SequentialModel, data: PreparedDataset, which: str
     out: dict[str, Any] = {"n_cold": int(cold.sum()), "n_warm": int((~cold).sum())}
     for name, keep in (("all", np.ones_like(cold)), ("cold", cold), ("warm", ~cold)):
         out[name] = metrics_from_ranks(ranks[keep], cfg.ks) if keep.any() else {}
+        out[name]["n_users"] = float(keep.sum())
     return out
 
 
-def cold_item_split(data: PreparedDataset, fraction: float, seed: int, dest: Path) -> PreparedDataset:
-    """A copy of `data` whose randomly chosen `fraction` of test-target items never occur before a test
-    target: their earlier events (training and validation) are removed. Users left with fewer than
-    three events are dropped. Test targets themselves are kept, so every chosen item is a cold target."""
+def cold_item_split(data: PreparedDataset, fraction: float, seed: int, dest: Path,
+                    name: str | None = None) -> PreparedDataset:
+    """A copy of `data` (leave-one-out) whose randomly chosen `fraction` of test-target items never occur
+    before a test target: their earlier events (training and validation) are removed. Users left with fewer
+    than three events are dropped. Test targets themselves are kept, so every chosen item is a cold target.
+    The copy is called `name` (default: the dataset's name + "-cold" + the percentage)."""
     if not 0 < fraction < 1:
         raise SeqrecError(f"cold fraction must be in (0, 1), got {fraction}")
+    split = str(data.meta["options"].get("split", "leave-one-out"))
+    if not split.startswith("leave-one-out"):
+        raise SeqrecError(f"{data.path}: a cold-item split needs a leave-one-out dataset, not a {split} split "
+                          "(prepare it with --split leave-one-out)")
     users, pos = data.eval_positions("test")
     test_flat = data.offsets[users] + pos
     candidates = np.unique(data.items[test_flat])
@@ -82,7 +90,7 @@ def cold_item_split(data: PreparedDataset, fraction: float, seed: int, dest: Pat
     users_table = pl.read_parquet(data.path / "users.parquet").sort("idx")[kept_users.tolist()]
     users_table = users_table.with_columns(idx=pl.Series(np.arange(len(kept_users), dtype=np.int64)))
     return write_prepared(
-        dest, name=f"{data.meta['name']}-cold{round(fraction * 100)}", source=str(data.path),
+        dest, name=name or f"{data.meta['name']}-cold{round(fraction * 100)}", source=str(data.path),
         items=data.items[keep], offsets=offsets, split=split,
         times=None if data.times is None else data.times[keep], item_table=data.item_table,
         users=users_table, events={},
