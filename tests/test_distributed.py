@@ -15,11 +15,13 @@ from seqrec.train.distributed import ShardedBatches, World
 RANK_SCRIPT = """
 import hashlib, json, sys
 from pathlib import Path
+import logging
 import torch
 from seqrec.config import resolve
 from seqrec.data.dataset import PreparedDataset
 from seqrec.train import loop
 
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 data = PreparedDataset.load(Path(sys.argv[1]))
 out = Path(sys.argv[2])
 cfg = resolve({{}}, [f'data.dataset="{{data.path}}"', "data.max_len=8", 'model.name="{model}"', "model.d=16",
@@ -80,6 +82,10 @@ def test_torchrun_trains_synchronised_replicas(model: str, extra: str, tiny_data
         # ... and train on different batches of the epoch, as many steps each
         assert len(a["users"]) == len(b["users"]) > 0 and a["users"] != b["users"]
     assert ranks[0][1]["weights"] != ranks[0][0]["weights"]  # and they did train
+    logged = proc.stdout + proc.stderr  # rank 0's lines (epochs, auto decisions, refit), not one per process
+    refit = ("refit epoch 1/",) if "refit" in extra else ()
+    for line in ("seqrec.train.loop: epoch 3 ", "auto: data.stride = ", *refit):
+        assert logged.count(line) == 1, (line, logged[-3000:])
 
 
 @pytest.mark.parametrize(("setting", "message"), [

@@ -67,9 +67,11 @@ def cold_item_split(data: PreparedDataset, fraction: float, seed: int, dest: Pat
     The copy is called `name` (default: the dataset's name + "-cold" + the percentage)."""
     if not 0 < fraction < 1:
         raise SeqrecError(f"cold fraction must be in (0, 1), got {fraction}")
-    split = str(data.meta["options"].get("split", "leave-one-out"))
-    if not split.startswith("leave-one-out"):
-        raise SeqrecError(f"{data.path}: a cold-item split needs a leave-one-out dataset, not a {split} split "
+    lengths = data.lengths
+    if not np.array_equal(data.split, np.stack([lengths - 2, lengths - 1], axis=1)):  # a source's own split may be
+        split = data.meta["options"].get("split", "?")
+        raise SeqrecError(f"{data.path}: a cold-item split needs a leave-one-out dataset (each user's last event "
+                          f"the test target, the one before it the validation target), not this {split} split "
                           "(prepare it with --split leave-one-out)")
     users, pos = data.eval_positions("test")
     test_flat = data.offsets[users] + pos

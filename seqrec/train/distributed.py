@@ -14,6 +14,7 @@ A single process (no WORLD_SIZE, or 1) is the plain loop, unchanged.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ def init_world(device_name: str) -> tuple[World, torch.device | None]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     world = World(dist.get_rank(), dist.get_world_size())
+    if not world.main:  # rank 0 speaks for the run (its epochs, auto decisions, refit); the others only warn
+        logging.getLogger("seqrec").setLevel(max(logging.WARNING, logging.getLogger("seqrec").level))
     if use_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", world.rank)))
         torch.cuda.set_device(device)
