@@ -45,6 +45,26 @@ def test_item_texts_from_fields_and_template() -> None:
     assert item_texts(empty) == [None]
 
 
+def test_a_template_cleans_its_own_text_and_keeps_each_value_whole() -> None:
+    """Only the separators and brackets an empty field leaves are removed: a value's own dots, commas and
+    final full stop stay (they were collapsed and stripped with them); a separator does not double the
+    full stop a value ends with."""
+    table = pl.DataFrame({"idx": [1, 2, 3, 4], "item": ["..", "b", "c", "d"],
+                          "title": ['Item .. "deluxe", size 1', "Saw", "", "Glue"],
+                          "brand": ["Acme", "", "", "Bolt"], "description": ["Great tool.", "", "Only text.", ""]})
+    assert item_texts(table, "{title}. {brand}. {description}") == [
+        'Item .. "deluxe", size 1. Acme. Great tool.', "Saw", "Only text.", "Glue. Bolt"]
+    assert item_texts(table, "{title} ({brand}) [{description}]") == [
+        'Item .. "deluxe", size 1 (Acme) [Great tool.]', "Saw", "[Only text.]", "Glue (Bolt)"]
+    assert item_texts(table, "{brand}: {title}; {item}") == [
+        'Acme: Item .. "deluxe", size 1; ..', "Saw; b", "c", "Bolt: Glue; d"]
+    for bad in ("{title!r}", "{title:>10}"):
+        with pytest.raises(SeqrecError, match="formats its field; write it as a plain"):
+            item_texts(table, bad)
+    with pytest.raises(SeqrecError, match=r"fields are item \(the item id\), title"):
+        item_texts(table, "{colour}")
+
+
 def test_word_drop_is_deterministic_and_keeps_a_word() -> None:
     texts = ["one two three four five six", "single"]
     a, b = word_drop(texts, 0.5, seed=3), word_drop(texts, 0.5, seed=3)

@@ -5,8 +5,10 @@
                                                       or what `data prepare --text-template` built)
     text_i = its title, categories, brand and description joined by ". "     otherwise
 
-Missing fields format as "" and the separators and empty brackets they leave behind are removed; an item whose
-text comes out empty has none (None), and the caller's missing-text policy decides.
+Missing fields format as "" and the separators and empty brackets they leave behind are removed (only the
+template's own text is touched: a field's value is kept as it is, but for a separator's full stop or comma
+that would double the one the value ends with); an item whose text comes out empty has none (None), and the
+caller's missing-text policy decides.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def template_fields(template: str) -> list[str]:
     bad = [n for n in names if not re.fullmatch(r"\w+", n)]
     if bad:
         raise SeqrecError(f"text template {template!r}: {{{bad[0]}}} is not a field name; write {{field}}")
+    spec = next((f"{{{name}{'!' + conv if conv else ''}{':' + fmt if fmt else ''}}}"
+                 for _, name, fmt, conv in parsed if name is not None and (fmt or conv)), None)
+    if spec:
+        raise SeqrecError(f"text template {template!r}: {spec} formats its field; write it as a plain {{field}}")
     return list(dict.fromkeys(names))
 
 
@@ -39,7 +45,7 @@ def check_template(template: str, columns: list[str], where: str) -> list[str]:
     names = template_fields(template)
     unknown = [n for n in names if n not in columns]
     if unknown:
-        shown = ", ".join(c for c in columns if c != "idx")
+        shown = ", ".join("item (the item id)" if c == "item" else c for c in columns if c != "idx")
         raise SeqrecError(f"{where}: text template names unknown item field(s) {unknown}; fields are {shown}")
     if not names:
         raise SeqrecError(f"text template {template!r} names no item field; write e.g. '{{title}}. {{brand}}'")
@@ -57,12 +63,34 @@ def item_texts(items: pl.DataFrame, template: str = "", where: str = "item table
         fields = [f for f in TEXT_FIELDS if f in items.columns]
     rows = items.select([pl.col(f).cast(pl.Utf8) for f in fields]).to_dicts() if fields else [{}] * items.height
     out: list[str | None] = []
+    parts = [(literal, name) for literal, name, _, _ in string.Formatter().parse(template)] if template else []
     for row in rows:
         if template:
-            text = template.format(**{k: (v or "").strip() for k, v in row.items()})
-            text = re.sub(r"\s*(\(\s*\)|\[\s*\])", "", text)  # brackets around an empty field
-            text = re.sub(r"(\s*[.,;:]\s*)+(?=[.,;:]|$)", "", text).strip(" .,;:")
+            text = render(parts, {k: (v or "").strip() for k, v in row.items()})
         else:
             text = ". ".join(v.strip() for v in row.values() if v and v.strip())
         out.append(text if text.strip() else None)
+    return out
+
+
+EMPTY, VALUE = "\x00", "\x01"  # stand-ins for a field while the template's own text is cleaned
+
+
+def render(parts: list[tuple[str, str | None]], row: dict[str, str]) -> str:
+    """A parsed template (literal text, field name or None) filled from `row`: the template's text around an
+    empty field cleaned up (empty brackets, doubled or dangling separators), the values kept whole."""
+    shape = "".join(literal.replace(EMPTY, "").replace(VALUE, "") + ("" if name is None else VALUE if row[name]
+                                                                      else EMPTY) for literal, name in parts)
+    shape = re.sub(rf"\s*(\(\s*{EMPTY}\s*\)|\[\s*{EMPTY}\s*\])", "", shape)  # brackets around an empty field
+    shape = shape.replace(EMPTY, "")
+    shape = re.sub(r"(\s*[.,;:]\s*)+(?=[.,;:]|$)", "", shape)  # separators doubled, or left at the end
+    shape = re.sub(r"^[\s.,;:]+|[\s.,;:]+$", "", shape)  # ... or at the start
+    values = iter(row[name] for _, name in parts if name is not None and row[name])
+    pieces = shape.split(VALUE)
+    out = pieces[0]
+    for piece in pieces[1:]:
+        value = next(values)
+        if value[-1] in ".,;:!?" and piece[:1] in (".", ","):  # "tool." + ". Bolt": one full stop
+            piece = piece[1:]
+        out += value + piece
     return out
