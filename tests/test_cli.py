@@ -112,9 +112,16 @@ def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> Non
         (["--history", "i1 zzz"], "unknown item id(s) in history: 'zzz'"),
         (["--history", "i1", "-k", "31"], "k=31"),
         (["--user", "nobody"], "unknown user"),
+        (["--history", '["i1", "Zed, Inc. 2"]'], "unknown item id(s) in history: 'Zed, Inc. 2'"),  # kept whole
+        (["--history", '["i1", 2.5]'], "--history: a JSON array of item ids holds strings (or integers), not 2.5"),
+        (["--history", '["i1"'], "--history: not a JSON array of item ids"),
+        (["--history", "i1", "--candidates", '["i2", null]'], "--candidates: a JSON array of item ids holds"),
     ]:
         code, _, err = run(capsys, "recommend", str(run_dir), *argv)
         assert code == 2 and message in err, err
+    # a JSON array names the same items as the split form
+    plain = run(capsys, "recommend", str(run_dir), "--history", "i1, i2 i3", "-k", "3")
+    assert run(capsys, "recommend", str(run_dir), "--history", '["i1", "i2", "i3"]', "-k", "3") == plain
 
 
 def test_evaluate_a_refitted_run(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

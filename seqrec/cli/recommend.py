@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from seqrec.cli.common import resolve_dataset, run_config, zero_shot_run
@@ -48,6 +49,23 @@ def number(text: str, flag: str) -> float:
         raise SeqrecError(f"{flag}: {text!r} is not a number") from None
 
 
+def id_list(text: str, flag: str) -> list[str]:
+    """Raw item ids as a flag gives them: split on spaces and commas, or a JSON array (of strings, or integers
+    taken as their decimal strings) for ids that hold a space or a comma."""
+    if not text.lstrip().startswith("["):
+        return text.replace(",", " ").split()
+    try:
+        ids = json.loads(text)
+    except ValueError as exc:
+        raise SeqrecError(f"{flag}: not a JSON array of item ids ({exc})") from None
+    if not isinstance(ids, list):
+        raise SeqrecError(f"{flag}: not a JSON array of item ids")
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (str, int)) or i == ""]
+    if bad:
+        raise SeqrecError(f"{flag}: a JSON array of item ids holds strings (or integers), not {bad[0]!r}")
+    return [str(i) for i in ids]
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
@@ -83,7 +101,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             title = titles[rec.index[raw] - 1]
             print(f"       {raw:<12} {title or ''}")
     else:
-        history = args.history.replace(",", " ").split()
+        history = id_list(args.history, "--history")
         times = [number(t, "--times") for t in args.times.replace(",", " ").split()] if args.times else None
         events = {}
         for spec in args.event or []:
@@ -94,7 +112,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 raise SeqrecError(f"--event {name.strip()} is given twice")
             events[name.strip()] = [number(v, f"--event {name.strip()}") for v in values.replace(",", " ").split()]
         rec.check_event_names(list(events))
-    candidates = args.candidates.replace(",", " ").split() if args.candidates else None
+    candidates = id_list(args.candidates, "--candidates") if args.candidates else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)
     if args.user is not None:
@@ -112,13 +130,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("run")
     r.add_argument("--dataset", help="with a pre-training run: the catalogue to recommend from, zero-shot (through "
                    "its items' text alone)")
-    r.add_argument("--history", help='raw item ids, oldest first: "50 172 133"')
+    r.add_argument("--history", help='raw item ids, oldest first: "50 172 133" (split on spaces and commas), or a '
+                   'JSON array for ids that hold either: \'["Zed, Inc.", "a b"]\'')
     r.add_argument("--user", help="a raw user id of the run's dataset: use that user's whole history")
     r.add_argument("-k", type=int, default=10)
     r.add_argument("--exclude-seen", action="store_true")
     r.add_argument("--new-item", action="append", metavar="ID=TEXT",
                    help="an item unseen in training, known by its text (text models such as unisrec)")
-    r.add_argument("--candidates", help="rank only these raw item ids")
+    r.add_argument("--candidates", help="rank only these raw item ids (as --history takes them)")
     r.add_argument("--index", choices=["exact", "hnsw", "ivf"],
                    help="how top-k is retrieved: exact (default), or a FAISS HNSW / IVF index of the item vectors")
     r.add_argument("--ann", action="store_true", help="the same as --index ivf (the faster ANN index here)")
