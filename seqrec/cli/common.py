@@ -133,6 +133,8 @@ def print_metrics(results: dict[str, Any]) -> None:
     names = ("recall", "ndcg", "mrr")
     if results["protocol"].get("filter_seen"):  # another protocol than the default: said where it prints
         print("(already-seen items removed from the ranking: eval.filter_seen)")
+    if any(split.endswith(" cold") for split in results):
+        print("(cold: targets whose item occurs in no training event; warm: the others)")
     print(f"{'split':<11}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names) + f"{'users':>9}")
     for split in ("valid", "valid cold", "valid warm", "test", "test cold", "test warm"):
         row = results.get(split)

@@ -121,8 +121,6 @@ def evaluate_split(model: Any, data: Any, split: str, cfg: Any, device: Any, col
     if not cold:
         return {split: evaluate(model, data, split, cfg.data.max_len, cfg.eval, device)}
     out = evaluate_cold_warm(model, data, split, cfg.data.max_len, cfg.eval, device)
-    if split == "valid":
-        print("(cold: targets whose item occurs in no training event; warm: the others)")
     return {split: out["all"], f"{split} cold": out["cold"], f"{split} warm": out["warm"]}
 
 
