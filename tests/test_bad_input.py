@@ -234,6 +234,18 @@ DATA = [
     case("prepare-csv-extra-field-line-number", f"{PREP} {{tmp}}/log.csv",
          "log.csv, line 3: 5 ','-separated fields, but the header has 3",
          log_csv("u1,i1,1", "u1,i2,2,9,9", "u1,i3,3")),
+    case("prepare-format-disagrees-with-suffix", f"{PREP} {{tmp}}/log.jsonl",
+         "log.jsonl: read as csv, but its suffix '.jsonl' names a jsonl file",
+         text_file("log.jsonl", '{"uid": "u1", "iid": "i1", "ts": 1}\n')),
+    case("prepare-wrong-separator-is-named", f"{PREP} {{tmp}}/log.csv",
+         "the header was read as one column: it is separated by ';', not ','",
+         text_file("log.csv", "uid;iid;ts\nu1;i1;1\n")),
+    case("prepare-jsonl-boolean-id", "data prepare x --format jsonl --path {tmp}/log.jsonl --user-col uid "
+         "--item-col iid --out {tmp}/out", "log.jsonl, line 2: id column 'iid' holds true/false",
+         text_file("log.jsonl", '{"uid": "u1", "iid": "i1"}\n{"uid": "u1", "iid": true}\n')),
+    case("prepare-jsonl-object-after-numbers", "data prepare x --format jsonl --path {tmp}/log.jsonl --user-col uid "
+         "--item-col iid --out {tmp}/out", "log.jsonl, line 2: field 'iid' holds an object, but on line 1",
+         text_file("log.jsonl", '{"uid": "u1", "iid": 7}\n{"uid": "u1", "iid": {"a": 1}}\n')),
     case("prepare-long-separator-mentions-tab", f"{PREP} {{csv}} --sep ';;'", "or \\t or tab for a tab"),
     case("prepare-long-items-separator-mentions-tab", f"{PREP} {{csv}} --items {{tmp}}/items.dat --items-sep ab",
          "or \\t or tab for a tab", text_file("items.dat", "iid,title\ni1,One\n")),

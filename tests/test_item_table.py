@@ -47,9 +47,13 @@ def write_items(folder: Path, suffix: str) -> Path:
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".parquet", ".jsonl"])
-def test_join_counts_unmatched_and_catalogue_only_items(tmp_path: Path, suffix: str) -> None:
+def test_join_counts_unmatched_and_catalogue_only_items(tmp_path: Path, suffix: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     raw = read_table(write_log(tmp_path), "uid", "sku", "ts")
     joined = join_item_table(raw, read_item_table(write_items(tmp_path, suffix), "sku"), "{title}. {brand}")
+    # 1 of 4 log items has no row: more than "auto" stands in for, and the warning says what a text model will do
+    assert "1 of the log's 4 items (25.0%) have no row" in caplog.text
+    assert "a text model refuses them until you choose model.text_missing" in caplog.text
     assert joined.catalogue is not None
     assert {k: joined.catalogue[k] for k in ("table_items", "table_items_without_interactions",
                                               "log_items_without_row")} == {
@@ -80,7 +84,7 @@ def test_without_a_table_no_catalogue_items_are_added(tmp_path: Path) -> None:
 def test_item_table_errors(tmp_path: Path) -> None:
     raw = read_table(write_log(tmp_path), "uid", "sku", "ts")
     items = write_items(tmp_path, ".csv")
-    with pytest.raises(SeqrecError, match="no item key column 'id'; columns are sku"):
+    with pytest.raises(SeqrecError, match="no item key column 'id'; columns are 'sku', 'title'"):
         read_item_table(items, "id")
     dup = tmp_path / "dup.csv"
     dup.write_text("sku,title\na,A\nb,B\na,again\n")

@@ -3,6 +3,7 @@ layouts, separators and errors that name the file and line."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -47,7 +48,7 @@ def test_table_formats_and_numbers(tmp_path: Path) -> None:
 def test_table_errors(tmp_path: Path) -> None:
     path = write(tmp_path / "log.csv", "uid,iid,when\n1,a,2020-01-01\n2,b,yesterday\n")
     with pytest.raises(
-        SeqrecError, match=r"log\.csv: no column\(s\) 'item'; available: uid, iid, when"
+        SeqrecError, match=r"log\.csv: no column\(s\) 'item'; available: 'uid', 'iid', 'when'$"
     ):
         read_table(path, "uid", "item", "when")
     with pytest.raises(
@@ -135,3 +136,38 @@ def test_other_long_separators_are_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "log.dat", "u;;i\n1;;2\n")
     with pytest.raises(SeqrecError, match=r"one character \(or \\t or tab for a tab\), got ';;'"):
         read_table(path, "u", "i", sep=";;")
+
+
+def test_the_format_decides_and_a_suffix_of_another_type_is_refused(tmp_path: Path) -> None:
+    """--format was ignored where the suffix named a type: a .jsonl given as csv was read as JSON lines."""
+    from seqrec.data.catalog import load_format
+
+    jsonl = write(tmp_path / "log.jsonl", '{"u": "a", "i": "x"}\n')
+    with pytest.raises(SeqrecError, match=r"log\.jsonl: read as csv, but its suffix '\.jsonl' names a jsonl file"):
+        load_format("csv", jsonl, user_col="u", item_col="i")
+    with pytest.raises(SeqrecError, match=r"a separator is for CSV / TSV files, not jsonl"):
+        load_format("jsonl", jsonl, user_col="u", item_col="i", sep=";")
+    txt = write(tmp_path / "log.txt", "u,i\na,x\nb,y\n")  # .txt means TAB unless the format says otherwise
+    assert load_format("csv", txt, user_col="u", item_col="i").interactions.frame.height == 2
+
+
+def test_a_header_read_as_one_column_names_the_separator(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.csv", "u;i;t\na;x;1\n")
+    with pytest.raises(SeqrecError, match=r"available: 'u;i;t' \(the header was read as one column: it is "
+                                          r"separated by ';', not ','; check the separator\)$"):
+        read_table(path, "u", "i")
+    with pytest.raises(SeqrecError, match=r"separated by ',', not TAB"):
+        read_table(write(tmp_path / "log.tsv", "u,i\na,x\n"), "u", "i")
+
+
+@pytest.mark.parametrize(("value", "kind"), [("true", "true/false"), ('["q"]', "an array"), ('{"a": 1}', "an object")])
+def test_json_ids_that_are_not_strings_or_numbers_are_refused_by_line(tmp_path: Path, value: str, kind: str) -> None:
+    """Beside string ids polars read true / arrays / objects as their JSON text, which then became ids."""
+    path = write(tmp_path / "log.jsonl", f'{{"u": "a", "i": "x"}}\n\n{{"u": "a", "i": {value}}}\n')
+    with pytest.raises(SeqrecError, match=rf"log\.jsonl, line 3: id column 'i' holds {re.escape(kind)}, not an id"):
+        read_table(path, "u", "i")
+    numbers = write(tmp_path / "n.jsonl", f'{{"u": "a", "i": 7}}\n{{"u": "a", "i": {value}}}\n')
+    with pytest.raises(SeqrecError, match=rf"n\.jsonl, line 2: field 'i' holds {re.escape(kind)}, but on line 1"):
+        read_table(numbers, "u", "i")
+    text = write(tmp_path / "s.jsonl", '{"u": "a", "i": "true"}\n{"u": "a", "i": "x"}\n')  # the string "true" is an id
+    assert read_table(text, "u", "i").interactions.frame["item"].to_list() == ["true", "x"]

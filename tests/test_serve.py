@@ -332,7 +332,7 @@ def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
     ("get", "/similar/i1?k=0", None, 422, "k"),
     ("post", "/sessions/s/events", {"item": "zz"}, 404, "'zz'"),
     ("get", "/sessions/never", None, 404, "never"),
-    ("get", "/no/such/page", None, 404, "Not Found"),
+    ("get", "/no/such/page", None, 404, "no endpoint GET /no/such/page"),
 ])
 def test_bad_requests_are_4xx_json(runs: dict[str, Path], method: str, url: str, body: object, status: int,
                                    message: str) -> None:

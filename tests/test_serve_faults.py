@@ -51,13 +51,14 @@ def test_metrics_are_the_services_over_its_workers(runs: dict[str, Path], tmp_pa
                 assert client.post("/recommend", json={"history": ["i1"]}).status_code == 200
         assert second.post("/recommend", json={"history": ["zz"]}).status_code == 404
         assert second.post("/sessions/s/events", json={"item": "i2"}).status_code == 200
-        want = 'seqrec_requests_total{method="POST",route="/recommend",status="200"} 5'
-        deadline = time.monotonic() + 5  # the second writes what it counted every 0.05 s
-        while want not in (text := first.get("/metrics").text) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert want in text, text
-        assert 'seqrec_requests_total{method="POST",route="/recommend",status="404"} 1' in text
-        assert 'seqrec_request_latency_seconds_count{route="/recommend"} 6' in text
+        want = ['seqrec_requests_total{method="POST",route="/recommend",status="200"} 5',
+                'seqrec_requests_total{method="POST",route="/recommend",status="404"} 1',
+                'seqrec_request_latency_seconds_count{route="/recommend"} 6']
+        deadline = time.monotonic() + 5  # the second writes what it counted every 0.05 s (a write may fall
+        while not all(w in (text := first.get("/metrics").text) for w in want) and time.monotonic() < deadline:
+            time.sleep(0.02)  # between its requests: wait for one after the last)
+        for w in want:
+            assert w in text, text
         assert 'seqrec_request_duration_seconds_bucket{route="/recommend",le="+Inf"} 6' in text
         assert "seqrec_recommend_batched_requests_total 6" in text  # each worker's batcher, summed
         assert "seqrec_sessions 1" in text and "seqrec_workers 2" in text
@@ -377,3 +378,24 @@ def test_a_delete_that_makes_a_rebuild_due_answers_while_it_builds(runs: dict[st
     # rebuilt over the 22 items live when it started; the 9th deletion is a dead row of it
     assert client.get("/health").json()["index_rebuilding"] is False and retriever.index.ntotal == 22
     assert client.post("/recommend", json=body).json()["items"] == top
+
+
+def test_a_route_miss_names_what_was_asked_and_why(runs: dict[str, Path]) -> None:
+    """A session id holding '/' (or any unknown path) was a bare {"error": "Not Found"}."""
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    miss = client.post("/sessions/a/b/events", json={"item": "i1"})
+    assert miss.status_code == 404
+    assert "POST /sessions/a/b/events" in miss.json()["error"] and "cannot hold '/'" in miss.json()["error"]
+    assert "/docs" in client.get("/nowhere").json()["error"]
+    wrong = client.put("/recommend", json={})
+    assert wrong.status_code == 405 and "PUT is not an operation on /recommend" in wrong.json()["error"]
+
+
+def test_a_blank_new_item_id_is_refused(runs: dict[str, Path]) -> None:
+    """POST /items took "  " as an id (the CLI's --new-item refused it)."""
+    rec = Recommender.from_run(runs["unisrec"])
+    client = TestClient(create_app(rec))
+    before = rec.catalogue.n_active
+    r = client.post("/items", json={"items": [{"id": "  ", "text": "a red kettle"}]})
+    assert r.status_code == 400 and "must not be blank" in r.json()["error"]
+    assert rec.catalogue.n_active == before

@@ -116,18 +116,22 @@ def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: Prepa
     base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0, missing="error")
     with pytest.raises(SeqrecError, match="1 item"):
         text_embeddings(data, base)
+    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)  # below 1 item in n
+    with pytest.raises(SeqrecError, match=r"1 of \d+ items .* more than"):  # and no explicit choice was cached
+        text_embeddings(data, replace(base, missing="auto"))
     mean = text_embeddings(data, replace(base, missing="mean")).emb
-    # "auto" stands the mean in for a few items (and shares the cache entry), refuses a larger share
+    # "auto" stands the mean in for a few items (and shares the cache entry)
     monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 1.5 / data.n_items)  # 1 item in n is few enough
     auto = text_embeddings(data, replace(base, missing="auto"))
     assert auto.reused and torch.equal(auto.emb, mean)
-    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)  # below 1 item in n
-    with pytest.raises(SeqrecError, match=r"1 of \d+ items .* more than"):
-        text_embeddings(data, replace(base, missing="auto"))
     others = np.r_[1:5, 6 : data.n_items + 1]
     torch.testing.assert_close(mean[5], mean[others].mean(0))
     by_id = text_embeddings(data, replace(base, missing="id")).emb
     assert by_id[5].norm() > 0 and not torch.allclose(by_id[5], mean[5])
+    # for more, the vectors `seqrec text encode --missing id` built serve "auto" (id before mean)
+    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)
+    taken = text_embeddings(data, replace(base, missing="auto"))
+    assert taken.reused and torch.equal(taken.emb, by_id)
 
 
 def test_cache_follows_the_encoder_files_not_where_they_are_installed(

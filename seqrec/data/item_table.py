@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from seqrec.data.item_text import check_template, item_texts
-from seqrec.data.readers_table import TableFile, id_strings
+from seqrec.data.item_text import AUTO_MISSING_SHARE, check_template, item_texts
+from seqrec.data.readers_table import TableFile, id_strings, separator_hint
 from seqrec.data.types import ItemTable, RawDataset
 from seqrec.errors import SeqrecError
 
@@ -32,8 +32,9 @@ def read_item_table(path: Path, item_key: str, sep: str | None = None) -> ItemTa
     table = TableFile.of(Path(path), sep, "item table")
     columns = table.columns()
     if item_key not in columns:
-        raise SeqrecError(f"{table.path}: no item key column {item_key!r}; columns are {', '.join(columns)} "
-                          "(choose one with --item-key)")
+        listed = ", ".join(map(repr, columns))
+        raise SeqrecError(f"{table.path}: no item key column {item_key!r}; columns are {listed} "
+                          f"(choose one with --item-key){separator_hint(table, columns)}")
     frame = table.load(columns, text_cols=columns)
     keys = frame[item_key]
     empty = (keys.is_null() | (keys.cast(pl.Utf8).str.strip_chars() == "")).arg_true()
@@ -81,9 +82,14 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
                           "item table; check --item-key and the id format")
     if unmatched.len():
         shown = ", ".join(repr(v) for v in unmatched.sort().head(3).to_list())
-        log.warning("%s: %d of the log's %d items have no row in the item table (e.g. %s); they have no "
-                    "fields, and their text follows the model's text_missing policy",
-                    table.source, unmatched.len(), logged.len(), shown)
+        share = unmatched.len() / logged.len()
+        consequence = ("the default text_missing='auto' gives them the mean text vector" if share <= AUTO_MISSING_SHARE
+                       else f"more than the {AUTO_MISSING_SHARE:.0%} that the default text_missing='auto' stands in "
+                       "for, so a text model refuses them until you choose model.text_missing = 'id' or 'mean' "
+                       "(or build the vectors with `seqrec text encode --missing id`)")
+        log.warning("%s: %d of the log's %d items (%.1f%%) have no row in the item table (e.g. %s); they have no "
+                    "fields and no text: %s", table.source, unmatched.len(), logged.len(), 100 * share, shown,
+                    consequence)
     report = {"item_table": table.source, "table_items": frame.height,
               "table_items_without_interactions": int((~known).sum()),
               "log_items_without_row": int(unmatched.len()), "text_template": template}

@@ -21,6 +21,9 @@ import polars as pl
 from seqrec.errors import SeqrecError
 
 TEXT_FIELDS = ("title", "categories", "brand", "description")
+# text_missing = "auto": the mean text vector for items without text up to this share of the catalogue;
+# more is an error unless vectors were built with an explicit policy (`seqrec text encode --missing`)
+AUTO_MISSING_SHARE = 0.01
 
 
 def template_fields(template: str) -> list[str]:

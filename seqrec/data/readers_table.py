@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 _PARQUET = (".parquet", ".pq")
 _JSONL = (".jsonl", ".ndjson")
+TableKind = Literal["csv", "parquet", "jsonl"]
 TAB_NAMES = ("\\t", "tab")  # a tab as typed on a command line: the escape `\t` (two characters) or the word
 
 
@@ -53,20 +54,27 @@ class TableFile:
     sep: str | None = None
 
     @classmethod
-    def of(cls, path: Path, sep: str | None = None, what: str = "table") -> TableFile:
-        """The type comes from the suffix, unless a separator is given (then it is CSV-like)."""
+    def of(cls, path: Path, sep: str | None = None, what: str = "table", kind: TableKind | None = None) -> TableFile:
+        """`kind` when given (a `--format`), else the type the suffix names: a separator makes it CSV-like.
+        A suffix of another type than `kind` is refused: reading Parquet bytes as CSV helps nobody."""
         path = require_file(Path(path), what)
         suffix = path.suffix.lower()
-        if suffix in _PARQUET:
-            return cls(path, "parquet")
-        if suffix in _JSONL:
-            return cls(path, "jsonl")
+        named: TableKind | None = ("parquet" if suffix in _PARQUET else "jsonl" if suffix in _JSONL
+                                   else "csv" if suffix in _SEPARATORS else None)
+        if kind is not None and named is not None and named != kind:
+            raise SeqrecError(f"{path}: read as {kind}, but its suffix {suffix!r} names a {named} file; give the "
+                              f"format that matches the file (or rename it)")
+        kind = kind or named
+        if kind in ("parquet", "jsonl"):
+            if sep is not None:
+                raise SeqrecError(f"{path}: a separator is for CSV / TSV files, not {kind}")
+            return cls(path, kind)
         if sep is not None:
             return cls(path, "csv", separator(sep, path))
-        if suffix not in _SEPARATORS:
+        if kind is None:
             known = ", ".join([*_SEPARATORS, *_PARQUET, *_JSONL])
             raise SeqrecError(f"{path}: unknown table type {suffix!r} (known: {known}; or pass a separator)")
-        return cls(path, "csv", _SEPARATORS[suffix])
+        return cls(path, "csv", _SEPARATORS.get(suffix, ","))
 
     def columns(self) -> list[str]:
         try:
@@ -120,8 +128,24 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
+def json_kind(value: object) -> str:
+    """A JSON value's kind as a message names it."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object" if isinstance(value, dict) else "null"
+
+
+_MIXABLE = {"a number", "a string", "null"}  # a field of numbers and strings is read as text; others do not mix
+
+
 def _bad_json_line(lines: Iterable[str]) -> tuple[int, str] | None:
-    """(line number, problem) of the first non-blank line that is not one JSON object."""
+    """(line number, problem) of the first non-blank line that is not one JSON object, or whose field holds
+    a kind of value (array, object, true/false) that the same field's earlier lines did not."""
+    first: dict[str, tuple[int, str]] = {}
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -131,6 +155,13 @@ def _bad_json_line(lines: Iterable[str]) -> tuple[int, str] | None:
             return lineno, f"not valid JSON ({err.msg} at character {err.colno})"
         if not isinstance(value, dict):
             return lineno, "not a JSON object (JSON lines hold one object per line)"
+        for field, v in value.items():
+            kind = json_kind(v)
+            if kind == "null":
+                continue
+            seen = first.setdefault(field, (lineno, kind))
+            if seen[1] != kind and not {seen[1], kind} <= _MIXABLE:
+                return lineno, f"field {field!r} holds {kind}, but on line {seen[0]} it holds {seen[1]}"
     return None
 
 
@@ -241,17 +272,18 @@ def read_table(
     time_format: str | None = None,
     extra_cols: Sequence[str] = (),
     name: str | None = None,
+    kind: TableKind | None = None,
 ) -> RawDataset:
-    """A CSV / TSV / Parquet / JSON-lines event log; the type comes from the suffix unless `sep` is given."""
-    table = TableFile.of(Path(path), sep)
+    """A CSV / TSV / Parquet / JSON-lines event log: of type `kind` when given, else the type the suffix names
+    (CSV-like when `sep` is given)."""
+    table = TableFile.of(Path(path), sep, kind=kind)
     path = table.path
     extra = [c for c in extra_cols if c not in (user_col, item_col, time_col)]
     wanted = list(dict.fromkeys([user_col, item_col, *([time_col] if time_col else []), *extra]))
     available = table.columns()
     missing = [c for c in wanted if c not in available]
     if missing:
-        listed = ", ".join(map(repr, missing))
-        raise SeqrecError(f"{path}: no column(s) {listed}; available: {', '.join(available)}")
+        raise SeqrecError(missing_columns(table, missing, available))
     text_cols = [user_col, item_col] + ([time_col] if time_col else [])
     raw = table.load(wanted, text_cols)
     for col, role in ((user_col, "user"), (item_col, "item")):
@@ -272,9 +304,31 @@ def read_table(
     return make_dataset(frame, None, name or path.stem, path)
 
 
+def missing_columns(table: TableFile, missing: list[str], available: list[str]) -> str:
+    """The message for columns a table lacks."""
+    return (f"{table.path}: no column(s) {', '.join(map(repr, missing))}; available: "
+            f"{', '.join(map(repr, available))}{separator_hint(table, available)}")
+
+
+def separator_hint(table: TableFile, columns: list[str]) -> str:
+    """Where a CSV header was read as one column holding another separator: a note that names both."""
+    if table.kind != "csv" or len(columns) != 1:
+        return ""
+    others = [c for c in (",", "\t", ";", "|") if c in columns[0] and c != table.sep]
+    if not others:
+        return ""
+    def shown(c: str | None) -> str:
+        return "TAB" if c == "\t" else repr(c)
+    return (f" (the header was read as one column: it is separated by {shown(others[0])}, not "
+            f"{shown(table.sep)}; check the separator)")
+
+
 def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
-    """Ids as strings exactly as written; JSON / Parquet numbers as integers when they are whole."""
+    """Ids as strings exactly as written; JSON / Parquet numbers as integers when they are whole. A JSON
+    true/false, array or object is not an id (polars reads them as text in a column that also holds strings)."""
     dtype = values.dtype
+    if table.kind == "jsonl" and dtype == pl.Utf8:
+        _check_json_ids(values, table)
     if dtype.is_float():
         whole = values.is_null() | (values == values.floor())
         if whole.all():
@@ -282,6 +336,27 @@ def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
     elif not (dtype.is_integer() or dtype == pl.Utf8):
         raise SeqrecError(f"{table.path}: id column {values.name!r} holds {dtype} values, not ids")
     return values.cast(pl.Utf8)
+
+
+def _check_json_ids(values: pl.Series, table: TableFile) -> None:
+    """Rows whose id text looks like JSON true/false, an array or an object are checked against their line
+    (only those: a string id "true" is an id)."""
+    suspects = values.str.contains(r"^(true|false|\[.*\]|\{.*\})$").fill_null(False).arg_true().to_list()
+    if not suspects:
+        return
+    wanted, row = set(suspects), -1
+    with table.path.open(encoding="utf-8", errors="replace") as lines:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            row += 1
+            if row in wanted:
+                kind = json_kind(json.loads(line).get(values.name))
+                if kind not in ("a string", "a number"):
+                    raise SeqrecError(f"{table.path}, line {lineno}: id column {values.name!r} holds {kind}, "
+                                      "not an id (a string or a number)")
+            if row >= suspects[-1]:
+                return
 
 
 def read_diginetica(path: Path, name: str | None = None) -> RawDataset:

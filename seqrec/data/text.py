@@ -43,7 +43,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.item_text import item_texts
+from seqrec.data.item_text import AUTO_MISSING_SHARE, item_texts
 from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -261,21 +261,15 @@ def cache_key(options: TextOptions, source: str, revision: str | None, thash: st
 
 FALLBACK = ('model.text_missing = "id" or "mean" for training (e.g. --set model.text_missing=\'"id"\'), '
             "--missing id | mean for `seqrec text encode`")
-AUTO_MISSING_SHARE = 0.01  # "auto": the mean vector for at most this share of the items, else an error
 
 
 def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingText
                   ) -> tuple[list[str], np.ndarray, MissingText]:
     """Texts with a stand-in where an item has none, which items had none, and the policy that applies
-    ("auto" decided: "mean" for a few, an error for more)."""
+    ("auto" decided: "mean" for a few; for more it stays "auto", which the caller resolves or refuses)."""
     missing = np.array([t is None for t in texts], dtype=bool)
     n, shown = int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
-    share = n / max(1, len(texts))
-    if n and policy == "auto":
-        if share > AUTO_MISSING_SHARE:
-            raise SeqrecError(f"{n} of {len(texts)} items ({share:.1%}) have no text (e.g. {shown}), more than "
-                              f"the {AUTO_MISSING_SHARE:.0%} that text_missing='auto' stands in for; pass a template "
-                              "that covers them or choose a fallback: " + FALLBACK)
+    if n and policy == "auto" and n / max(1, len(texts)) <= AUTO_MISSING_SHARE:
         log.warning("%d item(s) have no text (e.g. %s): they get the mean text vector (text_missing='auto'; "
                     "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
         policy = "mean"
@@ -286,29 +280,32 @@ def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTe
     return filled, missing, policy
 
 
+def _too_many_missing(missing: np.ndarray, raw_ids: list[str]) -> SeqrecError:
+    n, shown = int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+    return SeqrecError(f"{n} of {len(missing)} items ({n / len(missing):.1%}) have no text (e.g. {shown}), more "
+                       f"than the {AUTO_MISSING_SHARE:.0%} that text_missing='auto' stands in for; pass a template "
+                       "that covers them or choose a fallback: " + FALLBACK)
+
+
 def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(), progress: bool = False,
                     encoder_factory: Callable[[TextOptions], TextEncoder] | None = None) -> TextEmbeddings:
-    """The (N+1, D) text vectors of `data`'s items, from the cache when nothing changed."""
+    """The (N+1, D) text vectors of `data`'s items, from the cache when nothing changed. With
+    `missing="auto"` and more items without text than it stands in for, vectors that `seqrec text encode
+    --missing id | mean` built for the same texts serve (the policy chosen there); else it is an error."""
     table = data.item_table.sort("idx")
     raw_ids = table["item"].to_list()
     texts, missing, policy = _fill_missing(item_texts(table, options.template), raw_ids, options.missing)
-    options = replace(options, missing=policy)  # what applied is what the cache key records
-    thash = texts_hash([None if m and options.missing == "mean" else t for t, m in zip(texts, missing, strict=True)])
     folder = data.path / "text_cache"
-    try:
-        source = resolve_encoder(options.encoder)
-    except SeqrecError:  # the default encoder's package is absent here: vectors it made earlier still serve
-        key = cache_key(options, options.encoder, None, thash, bool(missing.any()))
-        found = _matching_entry(folder, key)
-        if found is None:
-            raise
-        return _reuse(found)
-    revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
-    # the key names the encoder as given and fingerprints its files, never where they are installed
-    key = cache_key(options, options.encoder, revision, thash, bool(missing.any()))
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    path = folder / f"{digest}.safetensors"
-    found = path if path.is_file() else _matching_entry(folder, key)
+    if policy == "auto" and missing.any():  # more than "auto" stands in for
+        for chosen in ("id", "mean"):
+            found, _, _ = _cached(folder, replace(options, missing=chosen), texts, missing)
+            if found is not None:
+                log.info("%d items have no text: text_missing='auto' takes the vectors built with missing=%r",
+                         int(missing.sum()), chosen)
+                return _reuse(found)
+        raise _too_many_missing(missing, raw_ids)
+    options = replace(options, missing=policy)  # what applied is what the cache key records
+    found, key, path = _cached(folder, options, texts, missing)
     if found is not None:
         return _reuse(found)
     encoder = (encoder_factory or _default_factory)(options)
@@ -324,13 +321,34 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
             "options": asdict(options), "precision": encoder.precision}
     tensors = {"emb": emb} | ({"emb_word_drop": aug} if aug is not None else {})
     folder.mkdir(exist_ok=True)
-    tmp = folder / f".{digest}.tmp-{os.getpid()}"
-    (folder / f"{digest}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}")
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     save_file(tensors, str(tmp))
     os.replace(tmp, path)  # the vectors file appears last and whole: its presence marks a complete entry
     log.info("encoded %d items x %d view(s) in %.1fs (%.0f texts/s) -> %s", len(texts), 1 + (aug is not None),
              seconds, meta["texts_per_s"], path)
     return TextEmbeddings(emb, aug, path, False, meta)
+
+
+def _cached(folder: Path, options: TextOptions, texts: list[str], missing: np.ndarray
+            ) -> tuple[Path | None, dict, Path]:
+    """(the complete cache entry for these texts and options or None, their cache key, the path a new entry
+    takes). Where the encoder is absent here (its package not installed), an entry it made by name serves."""
+    thash = texts_hash([None if m and options.missing == "mean" else t for t, m in zip(texts, missing, strict=True)])
+    try:
+        source = resolve_encoder(options.encoder)
+    except SeqrecError:  # the default encoder's package is absent here: vectors it made earlier still serve
+        key = cache_key(options, options.encoder, None, thash, bool(missing.any()))
+        found = _matching_entry(folder, key)
+        if found is None:
+            raise
+        return found, key, found
+    revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
+    # the key names the encoder as given and fingerprints its files, never where they are installed
+    key = cache_key(options, options.encoder, revision, thash, bool(missing.any()))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    path = folder / f"{digest}.safetensors"
+    return (path if path.is_file() else _matching_entry(folder, key)), key, path
 
 
 def _reuse(path: Path) -> TextEmbeddings:

@@ -83,6 +83,19 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def _route_miss(request: Request, exc: HTTPException) -> str | None:
+    """What the router's own bare 404 / 405 means here (None for the endpoints' own errors)."""
+    path = request.url.path
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        return f"{request.method} is not an operation on {path} (the API is listed at /docs)"
+    if exc.status_code != 404 or exc.detail != "Not Found":
+        return None
+    message = f"no endpoint {request.method} {path} (the API is listed at /docs)"
+    if path.startswith("/sessions/"):
+        message += "; a session id is one path segment: it cannot hold '/'"
+    return message
+
+
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
                session_ttl_s: float = 1800.0, limits: Limits | None = None, session_store: str | None = None,
                catalogue_writable: bool = True, max_queue: int = MAX_QUEUE,
@@ -154,8 +167,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         return JSONResponse({"error": message, "detail": jsonable_encoder(detail)}, status_code=422)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, _route_miss(request, exc) or str(exc.detail))
 
     @app.post("/recommend", response_model=RecommendResponse)
     async def recommend(req: RecommendRequest) -> Response:

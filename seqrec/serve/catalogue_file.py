@@ -34,6 +34,15 @@ from seqrec.errors import SeqrecError
 log = logging.getLogger(__name__)
 
 
+class CatalogueLogBroken(SeqrecError):
+    """This process can no longer keep the catalogue log: its catalogue may differ from the file."""
+
+
+class CatalogueLogCarried(CatalogueLogBroken):
+    """The catalogue log was carried over to another run's catalogue (`seqrec carry-log`, a deploy): this
+    process, serving the run before, is about to be replaced."""
+
+
 def catalogue_fingerprint(raw_ids: Sequence[str]) -> str:
     """The catalogue a log belongs to: its raw ids in index order."""
     return hashlib.sha256("\n".join(raw_ids).encode("utf-8", "surrogatepass")).hexdigest()[:20]

@@ -49,6 +49,8 @@ from seqrec.errors import SeqrecError
 from seqrec.serve.catalogue_apply import apply_changes
 from seqrec.serve.catalogue_compact import carried_to, fold, placement
 from seqrec.serve.catalogue_file import (
+    CatalogueLogBroken,
+    CatalogueLogCarried,
     append_line,
     catalogue_fingerprint,
     check_head,
@@ -66,15 +68,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FOLLOW_INTERVAL_S = 0.02  # how often a following process looks for lines other processes appended
-
-
-class CatalogueLogBroken(SeqrecError):
-    """This process can no longer keep the catalogue log: its catalogue may differ from the file."""
-
-
-class CatalogueLogCarried(CatalogueLogBroken):
-    """The catalogue log was carried over to another run's catalogue (`seqrec carry-log`, a deploy): this
-    process, serving the run before, is about to be replaced."""
 
 
 class CatalogueLog:

@@ -52,6 +52,9 @@ class LiveCatalogue:
         self._check_takes_text()
         if not texts:
             raise SeqrecError("no items given")
+        blank_ids = [raw for raw in texts if not raw.strip()]
+        if blank_ids:
+            raise SeqrecError(f"item id {blank_ids[0]!r}: an item id must not be blank")
         titles = dict(titles or {})
         stray = [raw for raw in titles if raw not in texts]
         if stray:

@@ -362,40 +362,10 @@ def _report(study: Any, run_dir: Path) -> dict[str, Any]:
               "best_trial": None if best is None else {"number": best.number, "params": best.params,
                                                        "valid_ndcg@10": best.value},
               "trials": rows}
-    _plot(rows, run_dir / "tune.png")
+    from seqrec.train.plots import study_curve
+
+    study_curve(rows, run_dir / "tune.png")
     return report
-
-
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    timed = [r for r in rows if r["started"] is not None and r["seconds"] is not None]
-    if not timed:
-        return
-    t0 = min(r["started"] for r in timed)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for state, marker in (("complete", "o"), ("pruned", "x"), ("fail", "s")):
-        pts = [r for r in timed if r["state"] == state]
-        y = [r["valid_ndcg@10"] if r["valid_ndcg@10"] is not None else (r["last_reported"] or [0, 0])[1]
-             for r in pts]
-        ax.scatter([(r["started"] + r["seconds"] - t0) / 60 for r in pts], y, marker=marker, label=state)
-    done = sorted((r["started"] + r["seconds"] - t0, r["valid_ndcg@10"]) for r in timed if r["state"] == "complete")
-    best, xs, ys = float("-inf"), [], []
-    for x, y in done:
-        best = max(best, y)
-        xs.append(x / 60)
-        ys.append(best)
-    ax.step(xs, ys, where="post", color="k", alpha=0.5, label="best so far")
-    ax.set_xlabel("minutes into the study")
-    ax.set_ylabel("validation NDCG@10")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def base_config(config: Path | None, model: str | None, dataset: str, overrides: list[str]) -> dict[str, Any]:
