@@ -1,12 +1,10 @@
 """Text-encoding throughput of the frozen encoder (seqrec.data.text.TextEncoder) on real item texts.
 
 Encodes every item text of each dataset (as `seqrec text encode` builds them) with the default
-encoder, mean pooling, max length 128, batch size 64 (batches of about 64 x 64 tokens: texts of one
-token length unpadded, rare lengths padded; TextEncoder's path), once per thread count and precision:
-float32, and bfloat16 where the CPU computes it natively (what `precision = "auto"` picks there); and,
-in bfloat16, the batchings it replaced: every batch token-length sorted and padded to a multiple of 8
-with an attention mask ("padded batches"), and before that 64 texts a batch, sorted by characters,
-padded to the batch's longest ("replaced batching"). Repeats
+encoder, mean pooling, max length 128, batch size 64 (batches of 64 x 64 padded tokens, sorted by
+token length, TextEncoder's path), once per thread count and precision: float32, and bfloat16 where
+the CPU computes it natively (what `precision = "auto"` picks there); and, in bfloat16, the batching
+it replaced (64 texts a batch, sorted by characters, padded to the batch's longest). Repeats
 alternate the paths, so that the machine's noise falls on all; texts/s and tokens/s are medians.
 Also: how far the bf16 vectors are from the float32 ones (cosine distance), the achieved GFLOP/s (2
 x the encoder's non-embedding parameters per token, attention products added) against a square
@@ -48,26 +46,6 @@ def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
 
 
 REPLACED = "bf16, replaced batching"
-PADDED = "bf16, padded batches"
-
-
-@torch.no_grad()
-def padded_batching(encoder: TextEncoder, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """The batching TextEncoder used until texts of one token length went unpadded: every batch sorted by
-    token length, about batch_size x 64 tokens, padded to its longest rounded up to 8, with an attention mask."""
-    ids = encoder.tokenizer(texts, truncation=True, max_length=128)["input_ids"]
-    order = np.argsort([-len(t) for t in ids], kind="stable")
-    out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
-    lo = 0
-    while lo < len(order):
-        longest = -(-len(ids[order[lo]]) // 8) * 8
-        rows = order[lo : lo + max(1, batch_size * 64 // longest)]
-        lo += len(rows)
-        tok = encoder._padded([ids[i] for i in rows], longest)
-        hidden = encoder.model(**tok).last_hidden_state.float()
-        m = tok["attention_mask"].unsqueeze(-1).float()
-        out[rows] = ((hidden * m).sum(1) / m.sum(1).clamp(min=1)).numpy()
-    return out
 
 
 @torch.no_grad()
@@ -107,7 +85,6 @@ def measure(name: str, threads: list[int], repeats: int, limit: int) -> dict[str
                                        "goal_max": GOAL_COSINE}
     paths = {p: (lambda enc=enc: enc.encode(texts, batch_size=64)) for p, enc in encoders.items()}
     if "bf16" in encoders:
-        paths[PADDED] = lambda: padded_batching(encoders["bf16"], texts)
         paths[REPLACED] = lambda: replaced_batching(encoders["bf16"], texts)
     for n in threads:
         torch.set_num_threads(n)

@@ -13,15 +13,7 @@ import torch
 
 import seqrec.data.text as text_module
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.text import (
-    TextEncoder,
-    TextOptions,
-    default_encoder_path,
-    item_texts,
-    text_embeddings,
-    token_batches,
-    word_drop,
-)
+from seqrec.data.text import TextEncoder, TextOptions, default_encoder_path, item_texts, text_embeddings, word_drop
 from seqrec.errors import SeqrecError
 from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
 
@@ -182,9 +174,8 @@ SENTENCES = ["Digital caliper, stainless steel, 6 inch", "pH meter", "A set of 1
 
 
 def test_fast_paths_agree_with_the_reference_encoder() -> None:
-    """The shipped path (batches of a fixed token budget: one token length unpadded, or rare lengths padded
-    to a multiple of 8; bf16 where asked) against the reference: each text alone through the model in float32,
-    no padding."""
+    """The shipped path (token-length-sorted batches of a fixed token budget, padding to a multiple of 8,
+    bf16 where asked) against the reference: each text alone through the model in float32, no padding."""
     try:
         default_encoder_path()
     except SeqrecError as exc:
@@ -194,12 +185,8 @@ def test_fast_paths_agree_with_the_reference_encoder() -> None:
     with torch.no_grad():
         reference = np.stack([ref_enc.model(**ref_enc.tokenizer(t, return_tensors="pt")).last_hidden_state[0]
                               .mean(0).numpy() for t in texts])
-    lengths = [len(t) for t in ref_enc.tokenizer(texts)["input_ids"]]
-    kinds = set()
-    for batch_size in (1, 2, 8):  # 64, 128 and 512 tokens a batch: one to 24 texts in each
-        kinds |= {masked for _, _, masked in token_batches(lengths, batch_size * 64)}
+    for batch_size in (1, 2, 8):  # 64, 128 and 512 padded tokens a batch: one to 24 texts in each
         np.testing.assert_allclose(ref_enc.encode(texts, batch_size=batch_size), reference, atol=2e-5, rtol=0)
-    assert kinds == {True, False}  # both unpadded batches of one length and padded ones ran
     bf16 = TextEncoder("default", precision="bf16")
     assert bf16.precision == "bf16"
     fast = bf16.encode(texts, batch_size=8)
@@ -216,19 +203,3 @@ def test_precision_is_recorded_but_not_part_of_the_cache_key(tiny_dataset: Prepa
     assert text_embeddings(tiny_dataset, replace(base, precision="bf16")).reused
     with pytest.raises(SeqrecError, match="text precision"):
         TextOptions(precision="fp16")  # type: ignore[arg-type]
-
-
-def test_token_batches_cover_every_text_once_within_the_budget() -> None:
-    rng = np.random.default_rng(0)
-    lengths = np.r_[np.full(300, 12), np.full(40, 40), rng.integers(3, 128, 60)]  # two common lengths, a tail
-    batches = token_batches(lengths.tolist(), 1024)
-    rows = np.concatenate([r for r, _, _ in batches])
-    assert sorted(rows.tolist()) == list(range(len(lengths)))
-    for r, length, masked in batches:
-        assert len(r) * length <= 1024 or len(r) == 1
-        if masked:
-            assert length % 8 == 0 and lengths[r].max() <= length
-        else:
-            assert (lengths[r] == length).all()  # one length, no padding
-    unpadded = {int(length) for _, length, masked in batches if not masked}
-    assert {12, 40} <= unpadded and sum(len(r) for r, _, m in batches if not m) >= 340
