@@ -128,3 +128,23 @@ def test_an_unfinished_run_says_how_far_it_got(tiny_dataset: PreparedDataset, tm
         assert main(argv) == 2, argv
         assert "interrupted before its first epoch ended: nothing to resume; --overwrite starts it again" in (
             capsys.readouterr().err), argv
+    # the resumable weights gone: named as missing (it said they "do not load into this run's model")
+    (tmp_path / "cut" / "state" / "model.safetensors").unlink()
+    assert main(["train", "--resume", str(tmp_path / "cut")]) == 2
+    assert "model.safetensors is missing, so the run cannot be resumed" in capsys.readouterr().err
+
+
+def test_a_finished_run_without_its_results_file_evaluates_as_finished(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """results.json deleted: evaluate said "interrupted before its first epoch ended" and tested the model
+    validation chose instead of the refit."""
+    from seqrec.cli import main
+
+    run = tmp_path / "run"
+    loop.fit(resolve({}, settings(tiny_dataset, "sasrec", ["train.refit=true", "train.epochs=2"])), tiny_dataset, run)
+    capsys.readouterr()
+    assert main(["evaluate", str(run)]) == 0
+    whole = capsys.readouterr().out
+    (run / "results.json").unlink()
+    assert main(["evaluate", str(run)]) == 0
+    assert capsys.readouterr().out == whole  # the same models (refit tested), no "unfinished" line

@@ -399,3 +399,29 @@ def test_a_blank_new_item_id_is_refused(runs: dict[str, Path]) -> None:
     r = client.post("/items", json={"items": [{"id": "  ", "text": "a red kettle"}]})
     assert r.status_code == 400 and "must not be blank" in r.json()["error"]
     assert rec.catalogue.n_active == before
+
+
+def test_a_body_that_is_not_utf8_is_named(runs: dict[str, Path]) -> None:
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    r = client.post("/recommend", content=b'{"history": ["\xff\xfe"], "k": 2}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422) and "UTF-8" in r.json()["error"], r.text
+
+
+def test_a_string_is_not_taken_as_a_list_of_one_character_ids(runs: dict[str, Path]) -> None:
+    """recommend("12") ranked for the history ["1", "2"]: a str is a sequence of its characters."""
+    from seqrec.errors import SeqrecError
+
+    rec = Recommender.from_run(runs["sasrec"])
+    with pytest.raises(SeqrecError, match=r"the history is a list of item ids, not one string: give \['i1'\]"):
+        rec.recommend("i1", k=3)
+    with pytest.raises(SeqrecError, match="the candidates is a list of item ids"):
+        rec.recommend(["i1"], k=1, candidates="i2")
+    with pytest.raises(SeqrecError, match="the candidates are empty"):
+        rec.recommend(["i1"], k=1, candidates=[])
+    with pytest.raises(SeqrecError, match="the history is a list"):
+        rec.recommend_many(["i1", "i2"], k=3)
+    with pytest.raises(SeqrecError, match="no histories given"):
+        rec.recommend_many([], k=3)
+    with pytest.raises(SeqrecError, match=r"histories\[1\]: unknown item id\(s\) in history: 'zz'"):
+        rec.recommend_many([["i1"], ["zz"]], k=3)

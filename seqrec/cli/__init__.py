@@ -43,6 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `seqrec ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # the file system refused (no such folder, no permission, disk full): no traceback
+        if args.verbose:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"seqrec: error: {where}{exc.strerror or exc} (a file or folder could not be read or written)",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("seqrec: interrupted", file=sys.stderr)
         return 130

@@ -75,8 +75,9 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
 def run_progress(run: Path) -> str:
     """How far a training run folder got, in words: "finished", "not finished: ... --resume it", or interrupted
     before anything could be resumed."""
-    if (run / "results.json").is_file() and not (run / "state").is_dir():
-        return "finished"
+    ended = (run / "results.json").is_file() or (run / "checkpoint" / "model.json").is_file()
+    if ended and not (run / "state").is_dir():
+        return "finished"  # its resumable state is removed when training ends (and the test may not have run)
     try:
         epoch = int(json.loads((run / "state" / "state.json").read_text())["loop"]["epoch"])
     except (OSError, ValueError, KeyError, TypeError):

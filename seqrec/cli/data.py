@@ -65,6 +65,9 @@ def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any
             raise SeqrecError("--format needs --path")
         raw = load_format(args.format, Path(args.path), **_format_options(args))
         return raw, {}
+    if args.name is None:
+        raise SeqrecError(f"give a dataset name (known: {', '.join(sorted(KNOWN_DATASETS))}), or --format and --path "
+                          "for your own log")
     if args.name not in KNOWN_DATASETS:
         raise SeqrecError(f"unknown dataset {args.name!r}; known: {', '.join(sorted(KNOWN_DATASETS))} "
                           "(or give --format and --path)")

@@ -112,7 +112,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 raise SeqrecError(f"--event {name.strip()} is given twice")
             events[name.strip()] = [number(v, f"--event {name.strip()}") for v in values.replace(",", " ").split()]
         rec.check_event_names(list(events))
-    candidates = id_list(args.candidates, "--candidates") if args.candidates else None
+    candidates = id_list(args.candidates, "--candidates") if args.candidates is not None else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)
     if args.user is not None:

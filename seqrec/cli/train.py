@@ -156,11 +156,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           "torchrun; train the chosen settings under torchrun afterwards")
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     base = base_config(Path(args.config) if args.config else None, args.model, str(data.path), list(args.set or []))
-    if args.budget <= 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1 or args.seed < 0:
-        raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1, --seed >= 0")
+    if not args.budget > 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1 or args.seed < 0:
+        raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1, --seed >= 0; got --budget "
+                          f"{args.budget:g}, --trials {args.trials}, --jobs {args.jobs}, --seed {args.seed}")
+    if args.budget == float("inf") and args.trials is None:
+        raise SeqrecError("--budget inf needs --trials (else the search never ends)")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     model = base.get("model", {}).get("name", "sasrec")
     run_dir = Path(args.out) if args.out else Path("runs") / f"tune-{data.meta['name']}-{model}-{stamp}"
+    if run_dir.is_file() or (run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / "study.db").is_file()):
+        raise SeqrecError(f"--out {run_dir}: {'a file' if run_dir.is_file() else 'a folder that is not a study'} "
+                          "is there (a study's folder holds study.db, and `seqrec tune` goes on with it); choose "
+                          "another --out")
     shares = {} if args.min_trials is None else {"min_trials": args.min_trials}
     report = tune(base, data, run_dir, args.budget, args.trials, jobs=args.jobs, seed=args.seed, **shares)
     states: dict[str, int] = {}

@@ -83,9 +83,12 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def _route_miss(request: Request, exc: HTTPException) -> str | None:
-    """What the router's own bare 404 / 405 means here (None for the endpoints' own errors)."""
+def _framework_message(request: Request, exc: HTTPException) -> str | None:
+    """What the framework's own bare errors mean here: a route's 404 / 405, a body it could not decode
+    (None for the endpoints' own errors)."""
     path = request.url.path
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        return "the body could not be read as JSON text: it must be UTF-8 encoded JSON"
     if exc.status_code == 405 and exc.detail == "Method Not Allowed":
         return f"{request.method} is not an operation on {path} (the API is listed at /docs)"
     if exc.status_code != 404 or exc.detail != "Not Found":
@@ -168,7 +171,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, _route_miss(request, exc) or str(exc.detail))
+        return _error(exc.status_code, _framework_message(request, exc) or str(exc.detail))
 
     @app.post("/recommend", response_model=RecommendResponse)
     async def recommend(req: RecommendRequest) -> Response:

@@ -340,15 +340,22 @@ def build_manifest(wrapper: EncoderForExport, meta: dict[str, Any], exporter: st
     }
 
 
+MIN_OPSET = 18  # torch's ONNX exporter writes opset 18 or later (an older one was silently raised to it)
+
+
 def export_run(run: Path, dest: Path, format: str = "onnx", opset: int | None = None) -> dict[str, Any]:
     """Export the checkpoint of `run` (a run or checkpoint folder) into the folder `dest`, replaced
     atomically; returns the manifest (also written as dest/manifest.json)."""
     if format not in FORMATS:
         raise SeqrecError(f"unknown export format {format!r}; known: {', '.join(FORMATS)}")
     try:
-        import onnx  # noqa: F401  (the exporters and the checker need it)
+        import onnx  # the exporters and the checker need it
     except ImportError:
         raise SeqrecError("ONNX export needs the onnx package: pip install 'seqrec[serve]'") from None
+    newest = onnx.defs.onnx_opset_version()
+    if opset is not None and not MIN_OPSET <= opset <= newest:
+        raise SeqrecError(f"--opset {opset}: the exporter writes opset {MIN_OPSET} to {newest} (the installed onnx's "
+                          "newest); leave it out for the exporter's default")
     check_destination(Path(dest))
     ckpt = checkpoint_dir(Path(run))
     model, meta = load_checkpoint(ckpt, "cpu")

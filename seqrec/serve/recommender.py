@@ -169,7 +169,7 @@ class Recommender(LiveCatalogue):
 
     def to_indices(self, history: Sequence[str]) -> list[int]:
         """Raw item ids -> item indices; an unknown id is a `SeqrecError` naming it."""
-        return self.catalogue.lookup(history, " in history")
+        return self.catalogue.lookup(id_sequence(history, "history"), " in history")
 
     def drop_unknown(self, history: Sequence[str], times: Sequence[float] | None = None,
                      events: Mapping[str, Sequence[float]] | None = None
@@ -308,6 +308,8 @@ class Recommender(LiveCatalogue):
         if candidates is None:
             return self.recommend_indices([idx], [ev], [k], [exclude_seen])[0]
         states, batch = self.encode([idx], [ev] if ev else None)
+        if not id_sequence(candidates, "candidates"):
+            raise SeqrecError("the candidates are empty; give at least one item id (or none, to rank every item)")
         return self._rank_candidates(states[0], batch.items, idx, self.catalogue.lookup(candidates, " in candidates"),
                                      k, exclude_seen)
 
@@ -316,9 +318,16 @@ class Recommender(LiveCatalogue):
                        exclude_seen: bool = False) -> list[list[Recommendation]]:
         """`recommend` for many histories in one forward pass."""
         self.check_k(k)
-        if not histories or any(not h for h in histories):
+        if not histories:
+            raise SeqrecError("no histories given")
+        if any(not h for h in histories):
             raise SeqrecError("every history needs at least one item id")
-        idx = [self.to_indices(h) for h in histories]
+        idx = []
+        for i, history in enumerate(histories):
+            try:
+                idx.append(self.to_indices(history))
+            except SeqrecError as exc:  # which of the histories
+                raise type(exc)(f"histories[{i}]: {exc}") from None
         return self.recommend_indices(idx, None, [k] * len(idx), [exclude_seen] * len(idx))
 
     @torch.no_grad()
@@ -356,3 +365,11 @@ class Recommender(LiveCatalogue):
         query = self.catalogue.vectors[idx : idx + 1]
         values, ids = self.catalogue.retriever.search(query, k, exclude=[[idx]])
         return self._results(values[0].tolist(), ids[0].tolist())
+
+
+def id_sequence(ids: Sequence[str], what: str) -> Sequence[str]:
+    """`ids`, refused when it is one string: a str is a sequence of its characters, which would be taken
+    as one-character ids."""
+    if isinstance(ids, str):
+        raise SeqrecError(f"the {what} is a list of item ids, not one string: give [{ids!r}] for one item")
+    return ids

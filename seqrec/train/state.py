@@ -95,6 +95,10 @@ def load_state(src: Path, model: SequentialModel, opt: torch.optim.Optimizer,
     meta = read_json(src / "state.json")
     if (ema is None) != (meta.get("ema_updates") is None):
         raise SeqrecError(f"{src.parent}: train.ema differs from the run being resumed; resume with its config")
+    files = ("model.safetensors", *(["ema.safetensors"] if ema is not None else []))
+    missing = [f for f in files if not (src / f).is_file()]
+    if missing:
+        raise SeqrecError(f"{src}: {missing[0]} is missing, so the run cannot be resumed; train it again (--overwrite)")
     try:
         load_weights(model, src / "model.safetensors")
         if ema is not None:
