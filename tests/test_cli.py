@@ -122,6 +122,10 @@ def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> Non
     # a JSON array names the same items as the split form
     plain = run(capsys, "recommend", str(run_dir), "--history", "i1, i2 i3", "-k", "3")
     assert run(capsys, "recommend", str(run_dir), "--history", '["i1", "i2", "i3"]', "-k", "3") == plain
+    # fewer items than k: the table holds what there is, and stderr says why
+    code, out, err = run(capsys, "recommend", str(run_dir), "--history", "i1", "--candidates", "i2 i3", "-k", "3")
+    assert code == 0 and len(out.strip().splitlines()) == 2
+    assert "(2 of k=3: no more items are left among the candidates)" in err
 
 
 def test_evaluate_a_refitted_run(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

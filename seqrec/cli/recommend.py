@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from seqrec.cli.common import resolve_dataset, run_config, zero_shot_run
@@ -118,6 +119,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.user is not None:
         fewer = f" (of k={args.k}: no more items are left)" if len(recs) < args.k else ""
         print(f"top {len(recs)}{' (seen items excluded)' if args.exclude_seen else ''}{fewer}:")
+    elif len(recs) < args.k:  # said apart from the table, which scripts read
+        left = "among the candidates" if candidates is not None else "once the seen items are excluded"
+        print(f"({len(recs)} of k={args.k}: no more items are left {left})", file=sys.stderr)
     for rank, r in enumerate(recs, start=1):
         title = f"  {r.title}" if r.title else ""
         print(f"{rank:>5}  {r.item:<12} {r.score:>9.4f}{title}")
