@@ -131,6 +131,14 @@ def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
         [r.item for r in rec.recommend(h, 3)] for h in (["i3", "i4"], ["i5"])]
     lost = client.post("/recommend/batch", json={"histories": [["i5"], ["gone"]], "unknown": "skip"})
     assert lost.status_code == 404 and lost.json()["error"].startswith("histories[1]: no item of the history")
+    # candidates too: the unknown ones left out and named, the rest ranked exactly; none known is a 404
+    picked = client.post("/recommend", json={"history": ["i3", "gone"], "candidates": ["nope", "i5", "i6"], "k": 2,
+                                              "unknown": "skip"})
+    assert picked.status_code == 200 and picked.json()["skipped"] == ["gone", "nope"]
+    assert [r["item"] for r in picked.json()["items"]] == [r.item for r in rec.recommend(["i3"], 2,
+                                                                                          candidates=["i5", "i6"])]
+    nothing = client.post("/recommend", json={"history": ["i3"], "candidates": ["nope"], "unknown": "skip"})
+    assert nothing.status_code == 404 and "no candidate is in the catalogue" in nothing.json()["error"]
     times = client.post("/recommend", json={"history": ["i3", "gone"], "times": [1.0], "k": 5, "unknown": "skip"})
     assert times.status_code in (400, 422) and "times" in times.json()["error"]
 

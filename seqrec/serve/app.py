@@ -184,8 +184,15 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         idx = rec.to_indices(history)
         events = rec.history_events(len(idx), times, given)
         if req.candidates is not None:  # exact scores of those items only: not a search, so not batched
+            candidates = req.candidates
+            if req.unknown == "skip":
+                keep = rec.catalogue.known(candidates)
+                skipped += [raw for raw, k in zip(candidates, keep, strict=True) if not k]
+                candidates = [raw for raw, k in zip(candidates, keep, strict=True) if k]
+                if not candidates:
+                    raise UnknownItem(f"no candidate is in the catalogue (skipped: {', '.join(map(repr, skipped))})")
             return _recommendations(await batcher.run(rec.recommend, history, req.k, req.exclude_seen,
-                                                      req.candidates, times, given), skipped)
+                                                      candidates, times, given), skipped)
         return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen), skipped)
 
     @app.post("/recommend/batch", response_model=BatchResponse)

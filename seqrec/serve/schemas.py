@@ -30,8 +30,9 @@ class RecommendRequest(Strict):
     events: dict[Annotated[str, Field(max_length=200)], Annotated[list[float], Field(max_length=10_000)]] | None = (
         Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
     unknown: Literal["error", "skip"] = Field("error", description=(
-        "an id the catalogue does not hold: a 404 (error), or left out of the history and listed in the "
-        "answer's skipped (skip: for clients whose histories hold items a run trained again left out)"))
+        "an id the catalogue does not hold: a 404 (error), or left out of the history (and candidates) and "
+        "listed in the answer's skipped (skip: for clients whose histories hold items a run trained again left "
+        "out)"))
     candidates: list[ItemId] | None = Field(None, min_length=1, max_length=100_000, description=(
         "rank only these raw item ids (e.g. what is in stock), exactly; removed ones, and seen ones with "
         "exclude_seen, are left out"))
