@@ -13,9 +13,12 @@ caller's missing-text policy decides.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import string
+from collections.abc import Sequence
 
+import numpy as np
 import polars as pl
 
 from seqrec.errors import SeqrecError
@@ -97,3 +100,23 @@ def render(parts: list[tuple[str, str | None]], row: dict[str, str]) -> str:
             piece = piece[1:]
         out += value + piece
     return out
+
+
+def word_drop(texts: Sequence[str], p: float, seed: int) -> list[str]:
+    """Each word dropped with probability p (at least one word kept), deterministically from `seed`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for text in texts:
+        words = text.split()
+        keep = rng.random(len(words)) >= p
+        if words and not keep.any():
+            keep[rng.integers(len(words))] = True
+        out.append(" ".join(w for w, k in zip(words, keep, strict=True) if k))
+    return out
+
+
+def texts_hash(texts: Sequence[str | None]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(b"\x00" if t is None else t.encode() + b"\x01")
+    return h.hexdigest()[:16]

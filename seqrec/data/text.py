@@ -21,8 +21,9 @@ records which was used.
 
 Items with no text: `missing="id"` uses the text "item <raw id>", `missing="mean"` the mean vector
 of the items that have text, `missing="error"` refuses. The default, "auto", takes the mean for a
-few (at most 1% of the catalogue, with a warning naming them) and refuses more, since a text model
-fed mostly stand-ins has little to learn from. Zeros are never used silently.
+few (at most 1% of the catalogue, with a warning naming them); for more it takes vectors built with
+an explicit policy (`seqrec text encode --missing id`) and refuses otherwise, since a text model fed
+mostly stand-ins has little to learn from. Zeros are never used silently.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.item_text import AUTO_MISSING_SHARE, item_texts
+from seqrec.data.item_text import AUTO_MISSING_SHARE, item_texts, texts_hash, word_drop
 from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -111,28 +112,6 @@ def default_encoder_path() -> Path:
 
 def resolve_encoder(name: str) -> str:
     return str(default_encoder_path()) if name == DEFAULT_ENCODER else name
-
-
-# ---- texts ---------------------------------------------------------------------------------------
-
-def word_drop(texts: Sequence[str], p: float, seed: int) -> list[str]:
-    """Each word dropped with probability p (at least one word kept), deterministically from `seed`."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for text in texts:
-        words = text.split()
-        keep = rng.random(len(words)) >= p
-        if words and not keep.any():
-            keep[rng.integers(len(words))] = True
-        out.append(" ".join(w for w, k in zip(words, keep, strict=True) if k))
-    return out
-
-
-def texts_hash(texts: Sequence[str | None]) -> str:
-    h = hashlib.sha256()
-    for t in texts:
-        h.update(b"\x00" if t is None else t.encode() + b"\x01")
-    return h.hexdigest()[:16]
 
 
 # ---- the frozen encoder --------------------------------------------------------------------------
@@ -268,7 +247,7 @@ def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTe
     """Texts with a stand-in where an item has none, which items had none, and the policy that applies
     ("auto" decided: "mean" for a few; for more it stays "auto", which the caller resolves or refuses)."""
     missing = np.array([t is None for t in texts], dtype=bool)
-    n, shown = int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+    n, shown = _without_text(missing, raw_ids)
     if n and policy == "auto" and n / max(1, len(texts)) <= AUTO_MISSING_SHARE:
         log.warning("%d item(s) have no text (e.g. %s): they get the mean text vector (text_missing='auto'; "
                     "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
@@ -280,8 +259,13 @@ def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTe
     return filled, missing, policy
 
 
+def _without_text(missing: np.ndarray, raw_ids: list[str]) -> tuple[int, str]:
+    """How many items have no text, and the first few of their ids (for messages)."""
+    return int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+
+
 def _too_many_missing(missing: np.ndarray, raw_ids: list[str]) -> SeqrecError:
-    n, shown = int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+    n, shown = _without_text(missing, raw_ids)
     return SeqrecError(f"{n} of {len(missing)} items ({n / len(missing):.1%}) have no text (e.g. {shown}), more "
                        f"than the {AUTO_MISSING_SHARE:.0%} that text_missing='auto' stands in for; pass a template "
                        "that covers them or choose a fallback: " + FALLBACK)

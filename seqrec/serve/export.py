@@ -56,6 +56,7 @@ from seqrec.serve.export_inputs import (
     check_vocabularies,
     event_inputs,
     example_events,
+    example_items,
     features_section,
     text_section,
 )
@@ -159,15 +160,6 @@ def checkpoint_dir(run: Path) -> Path:
 
 def output_names(model: SequentialModel) -> list[str]:
     return ["state"] + (["history_offsets"] if model.history is not None else [])
-
-
-def example_items(n_items: int, batch: int, width: int, seed: int = 0) -> torch.Tensor:
-    """(batch, width) left-padded rows of valid item indices, of assorted lengths (row 0 full)."""
-    g = torch.Generator().manual_seed(seed)
-    items = torch.randint(1, n_items + 1, (batch, width), generator=g)
-    lengths = torch.randint(1, width + 1, (batch,), generator=g)
-    lengths[0] = width
-    return items * (torch.arange(width)[None, :] >= width - lengths[:, None])
 
 
 @contextlib.contextmanager

@@ -97,3 +97,12 @@ def text_section(model: SequentialModel, exporter: str) -> dict[str, Any]:
                                  "doc": "rows to append to item_vectors"}]},
         "adding_items": TEXT_ITEMS,
     }
+
+
+def example_items(n_items: int, batch: int, width: int, seed: int = 0) -> torch.Tensor:
+    """(batch, width) left-padded rows of valid item indices, of assorted lengths (row 0 full)."""
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randint(1, n_items + 1, (batch, width), generator=g)
+    lengths = torch.randint(1, width + 1, (batch,), generator=g)
+    lengths[0] = width
+    return items * (torch.arange(width)[None, :] >= width - lengths[:, None])
