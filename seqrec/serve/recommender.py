@@ -307,9 +307,9 @@ class Recommender(LiveCatalogue):
         ev = self.history_events(len(idx), times, events)
         if candidates is None:
             return self.recommend_indices([idx], [ev], [k], [exclude_seen])[0]
-        states, batch = self.encode([idx], [ev] if ev else None)
-        if not id_sequence(candidates, "candidates"):
+        if not id_sequence(candidates, "candidates"):  # refused before any encoding
             raise SeqrecError("the candidates are empty; give at least one item id (or none, to rank every item)")
+        states, batch = self.encode([idx], [ev] if ev else None)
         return self._rank_candidates(states[0], batch.items, idx, self.catalogue.lookup(candidates, " in candidates"),
                                      k, exclude_seen)
 
