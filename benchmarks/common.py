@@ -43,6 +43,16 @@ def prepared(name: str) -> PreparedDataset:
     return prepare(load_known(name, source), PrepareOptions(**options), dest)
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it ("AMD EPYC ...", "Intel(R) Xeon(R) ..."), "" if unknown:
+    machines lent for a session differ, and so do their matmul units (native bf16 or not)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
 def machine() -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -54,7 +64,7 @@ def machine() -> dict[str, Any]:
     if commit and changed:  # measured with changes not yet committed: the commit alone does not name the code
         commit += "+changes"
     gpu = {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    return {"cpu": platform.processor() or platform.machine(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "commit": commit, **gpu}
 
 

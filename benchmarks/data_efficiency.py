@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, WORK, machine, prepared, write_result
+from common import RESULTS, ROOT, WORK, cpu_model, machine, prepared, write_result
 
 from seqrec.data.counts import train_item_counts
 from seqrec.data.dataset import PreparedDataset
@@ -159,7 +159,10 @@ def cmd_report(args: argparse.Namespace) -> None:
                      "valid_ndcg@10": res["valid"]["ndcg@10"], **{f"test_{m}": res["test"][m] for m in
                                                                   ("recall@10", "ndcg@10", "recall@50", "ndcg@50")},
                      "best_epoch": res["checkpoint"]["epoch"], "epochs_run": res["epochs_run"],
-                     "train_seconds": res["train_seconds"], "command": cmd})
+                     "train_seconds": res["train_seconds"], "command": cmd,
+                     # the fine-tuned weight of the pre-trained / fine-tuned mix kept (1: none), where one was tried
+                     **({"interpolation": res["interpolation"]} if "interpolation" in res else {}),
+                     "cpu_model": cpu_model()})  # run folders do not outlive a session: this machine ran it
     for fraction in FRACTIONS:
         for seed in (args.seeds if fraction <= SMALL else args.seeds[:1]):
             pop = popularity(data, fraction, seed)

@@ -50,7 +50,7 @@ def data_efficiency(d: dict[str, Any]) -> list[str]:
     intro = (f"Every method learns from the training events of a seeded fraction of {target}'s users "
              "(`data.train_fraction`); validation and test are every user's, unchanged: leave-one-out, full "
              "ranking, seen items not filtered, the model chosen on validation NDCG@10. " + games + auto +
-             "`-pNN`: patience NN epochs. Test NDCG@10, median over "
+             "`-pNN`: patience NN epochs. " + _mixes(d) + "Test NDCG@10, median over "
              "seeds (min–max); seeds per fraction: "
              + ", ".join(f"{_share(f)} {n}" for f, n in seeds.items())
              + f". Script: `benchmarks/data_efficiency.py`; file: `results/data_efficiency_{target}.json` "
@@ -210,6 +210,18 @@ def _transfer_rows(d: dict[str, Any], fraction: float = 0.1) -> list[list[str]]:
              f4(best_pre["test_ndcg@10_median"]),
              f"best from scratch on the same users: {f4(best_scratch['test_ndcg@10_median'])} "
              f"(`{best_scratch['method']}`)"]]
+
+
+def _mixes(d: dict[str, Any]) -> str:
+    """What the `-mix` rows are, and the mixes validation kept in them."""
+    kept = [r["interpolation"]["alpha"] for r in d.get("runs", []) if r.get("interpolation")]
+    if not kept:
+        return ""
+    chosen = ", ".join(f"{a:g} × {kept.count(a)}" for a in sorted(set(kept), reverse=True))
+    return ("`-mix`: after fine-tuning, the weights a × fine-tuned + (1 − a) × pre-trained were validated for a in "
+            "0.25, 0.5, 0.75 and a mix kept where it beat both ends (`train.interpolate`, the fine-tuning default "
+            f"since; the other fine-tuned rows have none); the weight a kept, over those runs: {chosen} (1: the "
+            "fine-tuned model itself). ")
 
 
 def _transfer_goals(d: dict[str, Any]) -> list[str]:

@@ -74,6 +74,9 @@ class TrainConfig:
     # sparse gradients for the item tables, only touched rows updated (seqrec.train.sparse); "auto": with a sampled
     # loss over a large catalogue (seqrec.train.auto)
     sparse_items: bool | Literal["auto"] = "auto"
+    # fine-tuning a pre-trained model: the weights a x fine-tuned + (1 - a) x pre-trained are validated for each a
+    # here and kept when one beats both ends (weight-space ensembling, WiSE-FT; seqrec.train.transfer); [] = off
+    interpolate: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
@@ -83,6 +86,10 @@ class TrainConfig:
             raise SeqrecError(f"train.lr must be > 0, got {self.lr}")
         if not 0 <= self.ema < 1:
             raise SeqrecError(f"train.ema must be in [0, 1) (0 = off), got {self.ema}")
+        if any(not 0 < a < 1 for a in self.interpolate):
+            raise SeqrecError(f"train.interpolate: each weight of the fine-tuned model must be in (0, 1) (the ends "
+                              f"are always candidates), got {self.interpolate}")
+        self.interpolate = sorted(set(self.interpolate))
 
 
 @dataclass

@@ -77,10 +77,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.loop import fit
     from seqrec.train.transfer import (
+        Origin,
         Setting,
         check_architecture,
         finetune_config,
-        finetune_model,
         pretrained_max_len,
         recipe_model_settings,
     )
@@ -110,8 +110,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
     if args.setting == "zero-shot" and args.transfer != "all":
         raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")
-    model = None if args.setting == "zero-shot" else finetune_model(pretrained, data, cfg.model, cfg.data.max_len,
-                                                                     args.transfer)
+    origin = Origin(str(pretrained), args.transfer)
+    model = None if args.setting == "zero-shot" else origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
     cfg.data.dataset = str(data.path)
@@ -125,7 +125,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         print_metrics(results)
         return 0
     with run_folder(run_dir, args.overwrite):
-        results = fit(cfg, data, run_dir, model=model)
+        results = fit(cfg, data, run_dir, model=model, origin=origin)
     print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}, "
           f"{results['train_seconds']:.0f}s)")
     print_metrics(results)

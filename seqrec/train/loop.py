@@ -15,6 +15,7 @@ is tested, once, at the end. A run folder holds:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import random
@@ -46,7 +47,8 @@ from seqrec.train.ema import WeightAverage
 from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
 from seqrec.train.sparse import SparseRowsAdam, SparseRowsAdamW, clip_grad_norm, use_sparse_rows
-from seqrec.train.state import LoopState, load_state, save_state
+from seqrec.train.state import LoopState, load_state, save_state, saved_origin
+from seqrec.train.transfer import Origin, interpolate_best, interpolated
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,7 @@ def selection_metric(ks: list[int]) -> str:
 def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         model: SequentialModel | None = None, init_items_from: Path | None = None,
         resume: bool = False, on_epoch: Callable[[int, float, float], None] | None = None,
-        test: bool = True) -> dict[str, Any]:
+        test: bool = True, origin: Origin | None = None) -> dict[str, Any]:
     """Train with early stopping on validation, test the best checkpoint once. A given `model` (one to
     fine-tune) is evaluated before training too: validation may choose it as it came (epoch 0).
 
@@ -144,6 +146,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     prunes by raising from it); `test=False` never evaluates on the test split (a tuner's trials).
 
     `init_items_from`: a run whose item vectors (e.g. item2vec's) initialise the item table.
+    `origin`: the pre-trained run `model` was built from (fine-tuning): a refit and the weight interpolation
+    (`train.interpolate`) start from it; a resumed run builds its model from it again.
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
     pick_device(cfg.train.device)  # a device that is not there is an error, under torchrun too
@@ -166,9 +170,14 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     apply_decisions(cfg, decisions)
     decisions += resolve_auto(cfg.model, data, model) + resolve_auto_data(cfg.data, data)
     L = cfg.data.max_len
+    if resume and origin is None and (saved := saved_origin(run_dir / "state")) is not None:
+        origin = Origin(**saved)  # a fine-tuning run: its model starts from the pre-trained weights again
+    if origin is not None and model is None:
+        model = origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed)
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
     given = model is not None
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
+    start_weights = origin.weights(model) if model is not None and origin is not None and cfg.train.interpolate else {}
     model, opt, batches, step = setup(cfg, data, device, model, init_items_from, world)
     if world.main:  # only once the inputs have proved usable: a refused run leaves no folder behind
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +202,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         log.info("resuming after epoch %d (best %s %.4f @ %d)", loop.epoch, metric, loop.best, loop.best_epoch)
     else:
         loop = LoopState(init_items_from=None if init_items_from is None else str(init_items_from),
-                         dataset_fingerprint=data.fingerprint, auto=decisions, processes=[world.size])
+                         dataset_fingerprint=data.fingerprint, auto=decisions, processes=[world.size],
+                         origin=None if origin is None else dataclasses.asdict(origin))
     if not world.main:
         return follow(cfg, data, device, model, opt, batches, step, world, loop, start_model)
     # epochs after the saved state (an interrupted one) are dropped from the log
@@ -243,6 +253,10 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         loop.epoch, loop.elapsed_s = epoch, row["elapsed_s"]
         save_state(state_dir, loop, model, opt, batches, ema)
         world.broadcast(loop.stopped)  # the other ranks stop with rank 0
+    if start_weights and loop.interpolation is None:
+        loop.interpolation = interpolate_best(cfg, data, device, ckpt, start_weights, loop, metric)
+        save_state(state_dir, loop, model, opt, batches, ema)  # a resume does not mix the mixed model again
+    alpha = loop.interpolation["alpha"] if loop.interpolation else 1.0
     if cfg.train.refit:
         selected = run_dir / "checkpoint-selected"
         if resume and selected.is_dir():  # stopped after the rename: a checkpoint/ there is a refit's
@@ -253,6 +267,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         best_model, _ = load_checkpoint(selected, device)
         world.broadcast(loop.best_epoch)  # the other ranks refit alongside
         test_model = refit(cfg, data, device, loop.best_epoch, init_items_from, start_model, world)
+        if alpha < 1:  # the refitted weights mixed as the chosen ones were
+            test_model = interpolated(test_model, start_weights, alpha)
         save_checkpoint(test_model, ckpt, max_len=L, item_table=data.item_table,
                         extra={"epoch": loop.best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
     else:
@@ -263,6 +279,12 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
                             train_seconds, test=test)
     if init_items_from is not None:
         results["init_items_from"] = str(init_items_from)
+    if loop.interpolation is not None:
+        results["interpolation"] = loop.interpolation
+        if alpha < 1:
+            results["protocol"]["model_selection"] += (
+                f"; then its weights mixed with the pre-trained ones, {alpha:g} x fine-tuned + {1 - alpha:g} x "
+                "pre-trained, the mix chosen on validation")
     if decisions:
         results["auto"] = decisions
     results["processes"] = sorted(set(loop.processes))  # data-parallel: how many trained it (each resume adds its)

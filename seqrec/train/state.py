@@ -48,6 +48,8 @@ class LoopState:
     auto: list[dict[str, Any]] = field(default_factory=list)  # what the auto settings decided (config.json has the
     # values only), for results.json
     processes: list[int] = field(default_factory=list)  # data-parallel processes, of the first start and each resume
+    origin: dict[str, Any] | None = None  # fine-tuning: the pre-trained run it started from (transfer.Origin)
+    interpolation: dict[str, Any] | None = None  # fine-tuning: the weight mixes validated and the one kept, once done
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -125,6 +127,15 @@ def load_state(src: Path, model: SequentialModel, opt: torch.optim.Optimizer,
     if rnd["batches"] is not None and isinstance(rng, np.random.Generator):
         rng.bit_generator.state = rnd["batches"]
     return LoopState(**meta["loop"])
+
+
+def saved_origin(src: Path) -> dict[str, Any] | None:
+    """The pre-trained starting point a saved fine-tuning run recorded (None: trained from scratch, or no state)."""
+    try:
+        origin = read_json(src / "state.json")["loop"].get("origin")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SeqrecError):
+        return None  # no usable state: load_state says why
+    return origin if isinstance(origin, dict) else None
 
 
 def _jsonable(x: Any) -> Any:

@@ -5,6 +5,11 @@
     zero-shot     item = MoE(text) with the pre-trained weights as they are: no target event trains
                   anything; the target's item text alone moves the model to its catalogue
 
+After fine-tuning, the weights a x fine-tuned + (1 - a) x pre-trained (each a of `train.interpolate`) are
+validated too, and kept when one beats both ends (weight-space ensembling, Wortsman et al., CVPR 2022):
+what fine-tuning on a few users learns is added to what pre-training knew rather than replacing it. Only
+the tensors the pre-trained run carried over are mixed; new ones (an ID table) keep their fine-tuned values.
+
 Everything that does not name an item (adaptor, positions, Transformer) is
 copied from the pre-trained checkpoint; the text buffer is the new domain's,
 the ID table (transductive) starts from zero-mean noise. A history bias
@@ -15,8 +20,10 @@ from zero otherwise; with `--transfer adaptor` always from zero.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +39,8 @@ from seqrec.train.checkpoint import read_meta, save_checkpoint, verify_checkpoin
 
 if TYPE_CHECKING:
     from seqrec.config import RunConfig
+    from seqrec.models.base import SequentialModel
+    from seqrec.train.state import LoopState
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +131,71 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
         log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
                  sum(p.numel() for p in model.parameters() if p.requires_grad))
     return model
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a fine-tuned model starts: the pre-trained run and what it carries over. A refit, a resumed run
+    and the weight interpolation start from it again (`seqrec.train.loop.fit`); runs record it."""
+
+    pretrained: str
+    transfer: Transfer = "all"
+
+    def model(self, data: PreparedDataset, config: UniSRecConfig, max_len: int, seed: int) -> UniSRec:
+        """The model fine-tuning starts from; its new weights (an ID table, ...) drawn from `seed`, so that a
+        resumed run builds the same one."""
+        torch.manual_seed(seed)
+        return finetune_model(Path(self.pretrained), data, config, max_len, self.transfer)
+
+    def weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """A copy of `model`'s tensors that come from the pre-trained run (every shared one, or the adaptor's),
+        as they are now (`model` not yet trained: the pre-trained values)."""
+        from safetensors import safe_open
+
+        with safe_open(str(checkpoint_dir(Path(self.pretrained)) / "model.safetensors"), "pt") as f:
+            saved = set(f.keys())
+        return {k: v.detach().clone() for k, v in model.state_dict().items() if k in saved and k not in PER_DOMAIN
+                and v.is_floating_point() and (self.transfer == "all" or k.startswith("adaptor."))}
+
+
+def interpolated(model: SequentialModel, start: dict[str, torch.Tensor], alpha: float) -> SequentialModel:
+    """A copy of the fine-tuned `model` whose tensors named in `start` (their pre-trained values) are
+    alpha x fine-tuned + (1 - alpha) x pre-trained."""
+    out = copy.deepcopy(model)
+    state = out.state_dict()
+    with torch.no_grad():
+        for name, begin in start.items():
+            state[name].copy_(torch.lerp(begin.to(state[name].device), state[name], alpha))
+    return out
+
+
+def interpolate_best(cfg: RunConfig, data: PreparedDataset, device: torch.device, ckpt: Path,
+                     start: dict[str, torch.Tensor], loop: LoopState, metric: str) -> dict[str, Any]:
+    """Validate the chosen fine-tuned checkpoint mixed with its pre-trained weights (`start`) at each weight of
+    `train.interpolate`; save the best mix as the checkpoint when it beats the validation best so far (the
+    fine-tuned model and, as epoch 0, the pre-trained one). -> what was tried and the weight kept (1: none)."""
+    if loop.best_epoch == 0:  # validation kept the pre-trained model: every mix is that model
+        return {"alpha": 1.0, "valid": {}, "skipped": "validation chose the pre-trained model (epoch 0)"}
+    from seqrec.eval.evaluate import evaluate
+    from seqrec.train.checkpoint import load_checkpoint
+
+    tuned, meta = load_checkpoint(ckpt, device)
+    tried = {}
+    for alpha in cfg.train.interpolate:
+        tried[alpha] = evaluate(interpolated(tuned, start, alpha), data, "valid", cfg.data.max_len, cfg.eval,
+                                device)[metric]
+        log.info("fine-tuned weights x %g + pre-trained x %g: %s %.4f (fine-tuned alone %.4f)", alpha, 1 - alpha,
+                 metric, tried[alpha], loop.best)
+    best = max(tried, key=lambda a: tried[a])
+    out: dict[str, Any] = {"alpha": 1.0, "valid": {f"{a:g}": v for a, v in tried.items()}, "fine_tuned": loop.best}
+    if tried[best] > loop.best:
+        save_checkpoint(interpolated(tuned, start, best), ckpt, max_len=cfg.data.max_len, item_table=data.item_table,
+                        extra={"epoch": meta.get("epoch", loop.best_epoch), "interpolated": best,
+                               "dataset_fingerprint": data.fingerprint})
+        loop.best, out["alpha"] = tried[best], best
+        log.info("kept the mix %g x fine-tuned + %g x pre-trained (validation %s %.4f)", best, 1 - best, metric,
+                 loop.best)
+    return out
 
 
 def has_history_bias(pretrained: Path) -> bool:
