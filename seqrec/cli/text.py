@@ -126,7 +126,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         return 0
     with run_folder(run_dir, args.overwrite):
         results = fit(cfg, data, run_dir, model=model, origin=origin)
-    print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}, "
+    alpha = (results.get("interpolation") or {}).get("alpha", 1.0)
+    mixed = f", kept {alpha:g} x fine-tuned + {1 - alpha:g} x pre-trained weights" if alpha < 1 else ""
+    print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}{mixed}, "
           f"{results['train_seconds']:.0f}s)")
     print_metrics(results)
     return 0
