@@ -59,7 +59,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("item2vec_vs_gensim.json", item2vec_gensim),
     ("unisrec.json", unisrec),
     ("retrieval.json", retrieval),
-    ("text_encoding.json", text_encoding),
+    ("text_encoding*.json", text_encoding),
     ("features.json", features),
     ("output_layer.json", output_layer),
     ("data_efficiency_*.json", data_efficiency),

@@ -133,9 +133,13 @@ def train_throughput(d: dict[str, Any]) -> list[str]:
 
 
 def text_encoding(d: dict[str, Any]) -> list[str]:
+    """One section per results/text_encoding*.json: each file is one machine's (they differ in native bf16)."""
+    name = d.get("_file", "text_encoding.json")
+    entries = [r for r in d.values() if isinstance(r, dict) and "runs" in r]
+    cpu = next((r["machine"].get("cpu_model") for r in entries if r.get("machine", {}).get("cpu_model")), "")
     lines = section(
-        "Text encoding throughput (frozen encoder)",
-        "Script: `benchmarks/text_encode.py`; file: `results/text_encoding.json`. Every item text of the "
+        "Text encoding throughput (frozen encoder)" + (f" on {cpu}" if name != "text_encoding.json" else ""),
+        f"Script: `benchmarks/text_encode.py`; file: `results/{name}`. Every item text of the "
         "dataset, mean pooling, max 128 tokens, batch size 64: batches of 64 × 64 padded tokens sorted by token "
         "length (`TextEncoder`), and in bf16 the batching it replaced (64 texts a batch sorted by characters, "
         "padded to the longest), after one warm-up pass each; median of repeats that alternate the paths; "
@@ -145,14 +149,14 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
         ["dataset", "encoder", "texts", "tokens", "threads", "precision", "texts/s", "tokens/s", "GFLOP/s",
          "fraction of matmul peak"])
     notes = []
-    for r in d.values():
+    for r in entries:
         for run in r["runs"]:
             frac = run.get("fraction_of_peak")
             lines.append(f"| {r['dataset']} | {r['encoder']} | {r['texts']} | {r['tokens']} | {run['threads']} | "
                          f"{run.get('precision', 'fp32')} | {run['texts_per_s']:.0f} | {run['tokens_per_s']:.0f} | "
                          + (f"{run['gflops']:.0f} | {frac:.2f} |" if frac is not None else "– | – |"))
         cos, goal = r.get("bf16_cosine_distance"), r.get("goal_texts_per_s")
-        if cos and goal:
+        if goal and "gflop_per_text" in r:
             best = max(r["runs"], key=lambda x: x["texts_per_s"])
             replaced = next((x for x in r["runs"] if x["precision"] == "bf16, replaced batching"
                              and x["threads"] == best["threads"]), None)
@@ -163,8 +167,10 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
                        + (f", beyond what this encoder can do on {best['threads']} thread(s)"
                           if need > best["matmul_peak_gflops"] else ""))
             where = f"{r['dataset']} ({r['note']})" if r.get("note") else r["dataset"]
-            notes.append(f"{where}: bf16 vectors within {cos['max']:.1e} cosine distance of float32's "
-                         f"(median {cos['median']:.1e}; goal ≤ {cos['goal_max']:g}); fastest "
+            precision = (f"bf16 vectors within {cos['max']:.1e} cosine distance of float32's (median "
+                         f"{cos['median']:.1e}; goal ≤ {cos['goal_max']:g})" if cos else
+                         "no native bf16 on this CPU, so float32 only (what `precision = \"auto\"` picks)")
+            notes.append(f"{where}: {precision}; fastest "
                          f"{best['texts_per_s']:.0f} texts/s ({best['threads']} thread(s), {best['precision']}"
                          + (f", {best['texts_per_s'] / replaced['texts_per_s']:.2f}× the replaced batching"
                             if replaced else "") + "); "
