@@ -76,7 +76,7 @@ class TrainConfig:
     sparse_items: bool | Literal["auto"] = "auto"
     # fine-tuning a pre-trained model: the weights a x fine-tuned + (1 - a) x pre-trained are validated for each a
     # here and kept when one beats both ends (weight-space ensembling, WiSE-FT; seqrec.train.transfer); [] = off
-    interpolate: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    interpolate: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])  # fine-tuning: mixes a tried
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):

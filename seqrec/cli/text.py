@@ -110,7 +110,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
     if args.setting == "zero-shot" and args.transfer != "all":
         raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")
-    origin = Origin(str(pretrained), args.transfer)
+    origin = Origin.of(pretrained, args.transfer)
     model = None if args.setting == "zero-shot" else origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
@@ -126,6 +126,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         return 0
     with run_folder(run_dir, args.overwrite):
         results = fit(cfg, data, run_dir, model=model, origin=origin)
+    if "rank" in results:  # a process of torchrun other than the first: rank 0 reports
+        return 0
     alpha = (results.get("interpolation") or {}).get("alpha", 1.0)
     mixed = f", kept {alpha:g} x fine-tuned + {1 - alpha:g} x pre-trained weights" if alpha < 1 else ""
     print(f"run: {run_dir}  ({args.setting}, best epoch {results['checkpoint']['epoch']}{mixed}, "

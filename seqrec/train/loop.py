@@ -48,7 +48,7 @@ from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
 from seqrec.train.sparse import SparseRowsAdam, SparseRowsAdamW, clip_grad_norm, use_sparse_rows
 from seqrec.train.state import LoopState, load_state, save_state, saved_origin
-from seqrec.train.transfer import Origin, interpolate_best, interpolated
+from seqrec.train.transfer import Origin, interpolate_best, mix
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +170,9 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     apply_decisions(cfg, decisions)
     decisions += resolve_auto(cfg.model, data, model) + resolve_auto_data(cfg.data, data)
     L = cfg.data.max_len
-    if resume and origin is None and (saved := saved_origin(run_dir / "state")) is not None:
-        origin = Origin(**saved)  # a fine-tuning run: its model starts from the pre-trained weights again
-    if origin is not None and model is None:
-        model = origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed)
+    # a resumed fine-tuning run starts from the pre-trained weights again (its state names them)
+    origin = origin or (Origin(**saved) if resume and (saved := saved_origin(run_dir / "state")) else None)
+    model = origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed) if origin and model is None else model
     # a given model (e.g. a pre-trained one to fine-tune) is also where a refit starts again
     given = model is not None
     start_model = copy.deepcopy(model) if model is not None and cfg.train.refit else None
@@ -268,9 +267,10 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         world.broadcast(loop.best_epoch)  # the other ranks refit alongside
         test_model = refit(cfg, data, device, loop.best_epoch, init_items_from, start_model, world)
         if alpha < 1:  # the refitted weights mixed as the chosen ones were
-            test_model = interpolated(test_model, start_weights, alpha)
+            mix(test_model, start_weights, alpha)
         save_checkpoint(test_model, ckpt, max_len=L, item_table=data.item_table,
-                        extra={"epoch": loop.best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint})
+                        extra={"epoch": loop.best_epoch, "refit": True, "dataset_fingerprint": data.fingerprint,
+                               **({"interpolated": alpha} if alpha < 1 else {})})
     else:
         best_model, _ = load_checkpoint(ckpt, device)
         test_model = best_model
@@ -283,8 +283,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         results["interpolation"] = loop.interpolation
         if alpha < 1:
             results["protocol"]["model_selection"] += (
-                f"; then its weights mixed with the pre-trained ones, {alpha:g} x fine-tuned + {1 - alpha:g} x "
-                "pre-trained, the mix chosen on validation")
+                f"; its weights mixed with the pre-trained ones, {alpha:g} x fine-tuned + {1 - alpha:g} x "
+                "pre-trained, the mix chosen on validation" + (" and applied to the refit" if cfg.train.refit else ""))
     if decisions:
         results["auto"] = decisions
     results["processes"] = sorted(set(loop.processes))  # data-parallel: how many trained it (each resume adds its)

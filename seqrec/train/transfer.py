@@ -20,8 +20,8 @@ from zero otherwise; with `--transfer adaptor` always from zero.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
 from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
-from seqrec.train.checkpoint import read_meta, save_checkpoint, verify_checkpoint
+from seqrec.train.checkpoint import load_checkpoint, read_meta, save_checkpoint, verify_checkpoint
 
 if TYPE_CHECKING:
     from seqrec.config import RunConfig
@@ -133,17 +133,29 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
     return model
 
 
+def _meta_digest(pretrained: Path) -> str:
+    return hashlib.sha256((checkpoint_dir(pretrained) / "model.json").read_bytes()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a fine-tuned model starts: the pre-trained run and what it carries over. A refit, a resumed run
     and the weight interpolation start from it again (`seqrec.train.loop.fit`); runs record it."""
 
-    pretrained: str
+    pretrained: str  # the run's absolute path
     transfer: Transfer = "all"
+    digest: str = ""  # sha256 of its checkpoint's model.json (which holds every weight file's sha256)
+
+    @classmethod
+    def of(cls, pretrained: Path, transfer: Transfer = "all") -> Origin:
+        return cls(str(Path(pretrained).resolve()), transfer, _meta_digest(Path(pretrained)))
 
     def model(self, data: PreparedDataset, config: UniSRecConfig, max_len: int, seed: int) -> UniSRec:
         """The model fine-tuning starts from; its new weights (an ID table, ...) drawn from `seed`, so that a
-        resumed run builds the same one."""
+        resumed run builds the same one. A pre-trained run changed since the digest was taken is refused."""
+        if self.digest and _meta_digest(Path(self.pretrained)) != self.digest:
+            raise SeqrecError(f"{self.pretrained}: the pre-trained run changed since this fine-tuning started from it "
+                              "(trained again?); its starting point is gone, so fine-tune again (--overwrite)")
         torch.manual_seed(seed)
         return finetune_model(Path(self.pretrained), data, config, max_len, self.transfer)
 
@@ -158,15 +170,17 @@ class Origin:
                 and v.is_floating_point() and (self.transfer == "all" or k.startswith("adaptor."))}
 
 
-def interpolated(model: SequentialModel, start: dict[str, torch.Tensor], alpha: float) -> SequentialModel:
-    """A copy of the fine-tuned `model` whose tensors named in `start` (their pre-trained values) are
-    alpha x fine-tuned + (1 - alpha) x pre-trained."""
-    out = copy.deepcopy(model)
-    state = out.state_dict()
+def mix(model: SequentialModel, start: dict[str, torch.Tensor], alpha: float,
+        tuned: dict[str, torch.Tensor] | None = None) -> SequentialModel:
+    """`model` (in place) with its tensors named in `start` (their pre-trained values) set to alpha x fine-tuned
+    + (1 - alpha) x pre-trained; the fine-tuned values are `tuned` (copies taken before an earlier mix) or the
+    model's own. Only those tensors are touched, so no second copy of the model is needed."""
+    state = model.state_dict()
     with torch.no_grad():
         for name, begin in start.items():
-            state[name].copy_(torch.lerp(begin.to(state[name].device), state[name], alpha))
-    return out
+            end = state[name] if tuned is None else tuned[name]
+            state[name].copy_(torch.lerp(begin.to(end.device), end, alpha))
+    return model
 
 
 def interpolate_best(cfg: RunConfig, data: PreparedDataset, device: torch.device, ckpt: Path,
@@ -177,22 +191,27 @@ def interpolate_best(cfg: RunConfig, data: PreparedDataset, device: torch.device
     if loop.best_epoch == 0:  # validation kept the pre-trained model: every mix is that model
         return {"alpha": 1.0, "valid": {}, "skipped": "validation chose the pre-trained model (epoch 0)"}
     from seqrec.eval.evaluate import evaluate
-    from seqrec.train.checkpoint import load_checkpoint
 
-    tuned, meta = load_checkpoint(ckpt, device)
+    model, meta = load_checkpoint(ckpt, device)
+    if isinstance(meta.get("interpolation"), dict):  # mixed and saved already: stopped before the state said so
+        done = meta["interpolation"]
+        loop.best = done["valid"][f"{done['alpha']:g}"]
+        return dict(done)
+    state = model.state_dict()
+    ends = {name: state[name].detach().clone() for name in start}  # the fine-tuned values
     tried = {}
     for alpha in cfg.train.interpolate:
-        tried[alpha] = evaluate(interpolated(tuned, start, alpha), data, "valid", cfg.data.max_len, cfg.eval,
-                                device)[metric]
+        mix(model, start, alpha, ends)
+        tried[alpha] = evaluate(model, data, "valid", cfg.data.max_len, cfg.eval, device)[metric]
         log.info("fine-tuned weights x %g + pre-trained x %g: %s %.4f (fine-tuned alone %.4f)", alpha, 1 - alpha,
                  metric, tried[alpha], loop.best)
     best = max(tried, key=lambda a: tried[a])
     out: dict[str, Any] = {"alpha": 1.0, "valid": {f"{a:g}": v for a, v in tried.items()}, "fine_tuned": loop.best}
     if tried[best] > loop.best:
-        save_checkpoint(interpolated(tuned, start, best), ckpt, max_len=cfg.data.max_len, item_table=data.item_table,
-                        extra={"epoch": meta.get("epoch", loop.best_epoch), "interpolated": best,
-                               "dataset_fingerprint": data.fingerprint})
         loop.best, out["alpha"] = tried[best], best
+        save_checkpoint(mix(model, start, best, ends), ckpt, max_len=cfg.data.max_len, item_table=data.item_table,
+                        extra={"epoch": meta.get("epoch", loop.best_epoch), "interpolated": best, "interpolation": out,
+                               "dataset_fingerprint": data.fingerprint})
         log.info("kept the mix %g x fine-tuned + %g x pre-trained (validation %s %.4f)", best, 1 - best, metric,
                  loop.best)
     return out
