@@ -214,12 +214,14 @@ def _transfer_rows(d: dict[str, Any], fraction: float = 0.1) -> list[list[str]]:
 
 def _mixes(d: dict[str, Any]) -> str:
     """What the `-mix` rows are, and the mixes validation kept in them."""
-    kept = [r["interpolation"]["alpha"] for r in d.get("runs", []) if r.get("interpolation")]
-    if not kept:
+    mixed = [r["interpolation"] for r in d.get("runs", []) if r.get("interpolation")]
+    if not mixed:
         return ""
+    kept = [m["alpha"] for m in mixed]
     chosen = ", ".join(f"{a:g} × {kept.count(a)}" for a in sorted(set(kept), reverse=True))
+    tried = ", ".join(sorted({a for m in mixed for a in m["valid"]}, key=float))
     return ("`-mix`: after fine-tuning, the weights a × fine-tuned + (1 − a) × pre-trained were validated for a in "
-            "0.25, 0.5, 0.75 and a mix kept where it beat both ends (`train.interpolate`, the fine-tuning default "
+            f"{tried} and a mix kept where it beat both ends (`train.interpolate`, the fine-tuning default "
             f"since; the other fine-tuned rows have none); the weight a kept, over those runs: {chosen} (1: the "
             "fine-tuned model itself). ")
 

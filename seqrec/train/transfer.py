@@ -21,7 +21,6 @@ from zero otherwise; with `--transfer adaptor` always from zero.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
 from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
-from seqrec.train.checkpoint import load_checkpoint, read_meta, save_checkpoint, verify_checkpoint
+from seqrec.train.checkpoint import file_digest, load_checkpoint, read_meta, save_checkpoint, verify_checkpoint
 
 if TYPE_CHECKING:
     from seqrec.config import RunConfig
@@ -134,7 +133,15 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
 
 
 def _meta_digest(pretrained: Path) -> str:
-    return hashlib.sha256((checkpoint_dir(pretrained) / "model.json").read_bytes()).hexdigest()
+    return str(file_digest(checkpoint_dir(pretrained) / "model.json")["sha256"])
+
+
+def saved_tensors(pretrained: Path) -> set[str]:
+    """The names of the tensors a pre-trained checkpoint holds (its weight file's header; nothing loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint_dir(pretrained) / "model.safetensors"), "pt") as f:
+        return set(f.keys())
 
 
 @dataclass(frozen=True)
@@ -162,10 +169,7 @@ class Origin:
     def weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """A copy of `model`'s tensors that come from the pre-trained run (every shared one, or the adaptor's),
         as they are now (`model` not yet trained: the pre-trained values)."""
-        from safetensors import safe_open
-
-        with safe_open(str(checkpoint_dir(Path(self.pretrained)) / "model.safetensors"), "pt") as f:
-            saved = set(f.keys())
+        saved = saved_tensors(Path(self.pretrained))
         return {k: v.detach().clone() for k, v in model.state_dict().items() if k in saved and k not in PER_DOMAIN
                 and v.is_floating_point() and (self.transfer == "all" or k.startswith("adaptor."))}
 
@@ -219,10 +223,7 @@ def interpolate_best(cfg: RunConfig, data: PreparedDataset, device: torch.device
 
 def has_history_bias(pretrained: Path) -> bool:
     """Whether the pre-trained checkpoint holds history-bias offsets (`model.history_bias = true`)."""
-    from safetensors import safe_open
-
-    with safe_open(str(checkpoint_dir(pretrained) / "model.safetensors"), "pt") as f:
-        return HISTORY in f.keys()  # noqa: SIM118 (safe_open has keys(), not __contains__)
+    return HISTORY in saved_tensors(pretrained)
 
 
 def is_pretrain_run(path: Path) -> bool:
