@@ -217,6 +217,36 @@ def test_heavy_deletions_rebuild_the_index_over_the_live_items(kind: str) -> Non
     want = exact.search(x[back : back + 1], 10)[1]  # row i is item i (row 0: padding)
     assert want[0, 0] == back
     assert torch.equal(r.search(x[back : back + 1], 10)[1], want)
+    assert r.wait(60)  # (IVF) the restored item is longer than the transform's M: a rebuild runs
+
+
+def test_wait_covers_the_hand_off_from_one_rebuild_to_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finishing rebuild cleared `_builder` and only then started the rebuild that had become due
+    meanwhile: a `wait()` landing in that gap returned at once, with the dead rows still in the index
+    (a CI failure). The gap is widened here to half a second; `wait` must still cover the second rebuild."""
+    import torch
+
+    from seqrec.serve.ann import FaissRetriever, build_retriever
+
+    hand_off = FaissRetriever._rebuild_if_due
+
+    def slow_hand_off(self, items):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name.endswith("-rebuild"):
+            time.sleep(0.5)
+        return hand_off(self, items)
+
+    monkeypatch.setattr(FaissRetriever, "_rebuild_if_due", slow_hand_off)
+    x = torch.randn(2000, 16, generator=torch.Generator().manual_seed(0))
+    r = build_retriever("hnsw", x)
+    r.remove(list(range(1, 601)))  # due: a rebuild starts
+    before = r.index.ntotal
+    r.remove(list(range(601, 1801)))  # due again, while the first runs: the first hands off to a second
+    deadline = time.monotonic() + 60
+    while r.index.ntotal == before and time.monotonic() < deadline:  # the first rebuild swapped its index in
+        time.sleep(0.001)
+    time.sleep(0.05)  # now inside the hand-off
+    assert r.wait(60)
+    assert not r.rebuilding and r.index.ntotal < 400, r.index.ntotal
 
 
 def test_adding_items_one_at_a_time_does_not_copy_the_tables(runs: dict[str, Path]) -> None:

@@ -5,6 +5,7 @@ Shapes: N items, D width, Q queries, R index rows, k.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import math
@@ -12,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+from weakref import WeakSet
 
 import numpy as np
 import torch
@@ -72,6 +74,19 @@ def query_rows(kind: str, q: np.ndarray) -> np.ndarray:
     return y
 
 
+_EXIT_WAIT_S = 60.0  # how long an exiting process waits for rebuilds still running
+_LIVE: WeakSet[FaissRetriever] = WeakSet()
+
+
+@atexit.register
+def _finish_rebuilds() -> None:
+    """A rebuild thread still inside torch or FAISS while the interpreter shuts down aborts the process
+    ("terminate called without an active exception", exit 134): let running rebuilds end first."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for r in list(_LIVE):
+        r.wait(max(0.0, deadline - time.monotonic()))
+
+
 class FaissRetriever(Retriever):
     """Candidates from a FAISS index, then exact scores (module docstring).
     `ef_search` (HNSW) / `n_probe` (IVF) may be changed between searches."""
@@ -90,6 +105,7 @@ class FaissRetriever(Retriever):
         self._builder: threading.Thread | None = None  # the rebuild running in the background, if any
         self._since: list[np.ndarray] = []  # ids added or replaced since that rebuild's snapshot
         self._index = self._build(self._items, self.n_lists)
+        _LIVE.add(self)
 
     def _ivf_sizes(self, n: int) -> tuple[int, int]:
         """IVF lists and probes for n items: the ones given, else the defaults for n (again at each rebuild,
@@ -234,19 +250,26 @@ class FaissRetriever(Retriever):
         return None
 
     def _rebuild_if_due(self, items: _Items) -> None:
-        """(Under the writer lock.) Start a rebuild in the background if one is due and none is running."""
-        why = None if self._builder is not None else self._rebuild_due(items)
-        if why is None:
-            return
-        log.info("%s index: %s; rebuilding over the live items in the background", self.kind, why)
-        builder = threading.Thread(target=self._rebuild, args=(items,), name=f"seqrec-{self.kind}-rebuild",
-                                   daemon=True)
-        try:
-            builder.start()  # it cannot swap before this returns: the caller holds the writer lock
-        except RuntimeError:  # no thread to be had: the index serves as it is, and the next change tries again
-            log.exception("%s index: could not start the rebuild", self.kind)
-            return
-        self._since, self._builder = [], builder
+        """(Under the writer lock.) Start a rebuild in the background if one is due and none is running.
+        Called by a finishing rebuild, it hands `_builder` straight to the next one (or clears it), so that
+        `wait` never sees None between a rebuild and the one it starts."""
+        me = threading.current_thread()
+        running = self._builder is not None and self._builder is not me
+        why = None if running else self._rebuild_due(items)
+        builder = None
+        if why is not None:
+            log.info("%s index: %s; rebuilding over the live items in the background", self.kind, why)
+            builder = threading.Thread(target=self._rebuild, args=(items,), name=f"seqrec-{self.kind}-rebuild",
+                                       daemon=True)
+            try:
+                builder.start()  # it cannot swap before this returns: the caller holds the writer lock
+            except RuntimeError:  # no thread to be had: the index serves as it is; the next change tries again
+                log.exception("%s index: could not start the rebuild", self.kind)
+                builder = None
+        if builder is not None:
+            self._since, self._builder = [], builder
+        elif self._builder is me:
+            self._builder = None
 
     def _rebuild(self, items: _Items) -> None:
         """Build over the snapshot `items` while searches and changes go on; then, under the writer lock,
@@ -263,9 +286,8 @@ class FaissRetriever(Retriever):
                     self._index = ix
                     if self.kind == "ivf":
                         self.n_lists, self.n_probe = sizes
-                self._builder = None
                 log.info("%s index: rebuilt over %d items", self.kind, ix.n_built)
-                self._rebuild_if_due(now)
+                self._rebuild_if_due(now)  # clears _builder, or hands it to the next rebuild
         except BaseException:
             log.exception("%s index: the rebuild failed; the index serves as it was", self.kind)
             with self._writer:
