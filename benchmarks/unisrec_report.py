@@ -20,10 +20,13 @@ from typing import Any
 import torch
 from common import RESULTS, WORK, machine, prepared, write_result
 
+from seqrec.cli.common import run_config
 from seqrec.config import EvalConfig
 from seqrec.data.dataset import PreparedDataset
 from seqrec.eval.cold import cold_item_split, evaluate_cold_warm
 from seqrec.train.checkpoint import load_checkpoint
+from seqrec.train.state import saved_origin
+from seqrec.train.transfer import Origin, mix, unmix
 
 PUBLISHED = {  # R@10, N@10, R@50, N@50 on Scientific (../shared/data/README.md)
     "sasrec": {"recall@10": 0.1080, "ndcg@10": 0.0553, "recall@50": 0.2042, "ndcg@50": 0.0760},
@@ -76,6 +79,9 @@ COLD_RUNS = {  # run folder -> command
        f"HIST=games-centre-hist-d128 {STAGE} {stage}"
        for kind, stage in (("zero-shot", "cold-zero-shot-hist"),
                            ("inductive-softmax-trained", "cold-pretrained-hist trained"))},
+    # the same again since fine-tuning tries weight mixes with the pre-trained model (train.interpolate)
+    "unisrec-cold20-pretrained-hist-inductive-softmax-trained-games-centre-hist-d128-mix":
+        f"HIST=games-centre-hist-d128 TAG=-mix {STAGE} cold-pretrained-hist trained",
 }
 PRETRAIN = ("unisrec-pretrain-in-batch", "unisrec-pretrain-moco")
 MEMORY = ("unisrec-memory-moco-b256", "unisrec-memory-in-batch-b256", "unisrec-memory-in-batch-b8192")
@@ -128,7 +134,31 @@ def cold_results() -> dict[str, Any]:
         ev = EvalConfig(ks=[10, 50])
         out[run] = {"command": COLD_RUNS[run],
                     **evaluate_cold_warm(model, data, "test", cfg["data"]["max_len"], ev, torch.device("cpu"))}
+        if (curve := mix_curve(RUNS / run, model, data, ev)) is not None:
+            out[run]["mix_curve"] = curve
     return out
+
+
+def mix_curve(run: Path, model: Any, data: PreparedDataset, ev: EvalConfig) -> dict[str, Any] | None:
+    """A fine-tuned run that tried weight mixes (`train.interpolate`): cold and warm test metrics of alpha x
+    fine-tuned + (1 - alpha) x pre-trained for alpha 0 (the pre-trained weights) to 1 (the fine-tuned ones),
+    the trade a catalogue whose new items must be found may choose; the run itself kept the mix its
+    validation picked (`kept`), which never saw these numbers."""
+    results = json.loads((run / "results.json").read_text())
+    origin = saved_origin(run / "state")
+    if origin is None or not isinstance(results.get("interpolation"), dict):
+        return None
+    cfg = run_config(run)
+    o = Origin(**origin)
+    start = o.weights(o.model(data, cfg.model, cfg.data.max_len, cfg.train.seed))  # type: ignore[arg-type]
+    kept = float(results["interpolation"]["alpha"])
+    tuned = unmix(model, start, kept)  # the checkpoint holds the kept mix
+    curve = {}
+    for alpha in (0.0, 0.25, 0.5, 0.75, 1.0):
+        mix(model, start, alpha, tuned)
+        curve[f"{alpha:g}"] = evaluate_cold_warm(model, data, "test", cfg.data.max_len, ev, torch.device("cpu"))
+    mix(model, start, kept, tuned)
+    return {"kept": kept, "valid": results["interpolation"].get("valid", {}), "test": curve}
 
 
 def pretraining() -> dict[str, Any]:

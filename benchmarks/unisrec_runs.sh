@@ -17,7 +17,7 @@ CFG=benchmarks/configs/unisrec-amazon-scientific-unisrec.toml
 BUDGET=${BUDGET:-3000}  # training seconds per run (fine-tuning, cold split)
 PRETRAIN_BUDGET=${PRETRAIN_BUDGET:-1500}
 HIST=${HIST:-games-centre-hist}  # the pre-trained model (under $R/xfer) of the *-hist cold runs; other names suffix the runs
-SUFFIX=$([ "$HIST" = games-centre-hist ] || echo "-$HIST")
+SUFFIX=$([ "$HIST" = games-centre-hist ] || echo "-$HIST")${TAG:-}  # TAG: a run again under a new name
 case "$1" in
   scratch)  # text only, no pre-training
     .venv/bin/seqrec train --dataset $SCI --config $CFG --set train.progress=false --out $R/unisrec-scratch-text ;;

@@ -15,7 +15,7 @@ from seqrec.errors import SeqrecError
 from seqrec.models.unisrec import UniSRec
 from seqrec.train import loop
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
-from seqrec.train.transfer import Origin, finetune_config, mix
+from seqrec.train.transfer import Origin, finetune_config, mix, unmix
 from tests.test_resume import Interrupted, interrupt_at
 from tests.test_unisrec import encoder_dir, tiny_config  # noqa: F401 (the fixture)
 
@@ -58,8 +58,12 @@ def test_only_the_pretrained_tensors_are_mixed(tiny_dataset: PreparedDataset, en
     mix(model, start, 0.25, after)  # from the fine-tuned values given, not from the model's mixed ones
     adaptor = next(k for k in start if k.startswith("adaptor."))
     torch.testing.assert_close(model.state_dict()[adaptor], 0.75 * start[adaptor] + 0.25 * after[adaptor])
+    for k, v in unmix(model, start, 0.25).items():  # what a report gets back from a checkpoint saved mixed
+        torch.testing.assert_close(v, after[k], rtol=0, atol=1e-5, msg=k)
     mix(model, start, 0.0, after)
     assert all(torch.equal(model.state_dict()[k], start[k]) for k in start)
+    with pytest.raises(SeqrecError, match="keeps nothing"):
+        unmix(model, start, 0.0)
 
 
 def test_a_changed_pretrained_run_is_refused(tiny_dataset: PreparedDataset, encoder_dir: Path,  # noqa: F811

@@ -250,3 +250,41 @@ def test_zero_shot_carries_the_history_bias_learnt_in_pretraining(setup: tuple[P
     run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
     assert json.loads((zs / "config.json").read_text())["model"]["history_bias"] is True
     assert torch.equal(load_file(str(zs / "checkpoint" / "model.safetensors"))["history.theta"], learnt)
+
+
+def test_finetune_adaptor_only_with_a_kept_mix_and_refit(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`seqrec finetune --transfer adaptor` with validation made to prefer the half-and-half mix: only the
+    adaptor is mixed (the Transformer was never pre-trained here), the CLI says which mix it kept, and the
+    refit's checkpoint is mixed the same way."""
+    import seqrec.eval.evaluate as evaluation
+    from seqrec.train.transfer import Origin
+
+    enc, a, b = setup
+    pre = tmp_path / "pre"
+    run(capsys, "pretrain", "--datasets", f"{a},{b}", "--out", str(pre), *TINY, "--set", f'model.text_encoder="{enc}"',
+        "--set", "pretrain.epochs=1", "--set", "pretrain.max_len=8", "--set", "pretrain.batch_size=16",
+        "--set", "pretrain.progress=false")
+    real, calls = evaluation.evaluate, []
+
+    def scored(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(*args, **kwargs)
+        calls.append(1)
+        return {**out, "ndcg@10": 1.0} if len(calls) == 2 else out  # the mixes are 0.25, 0.5, 0.75
+
+    monkeypatch.setattr(evaluation, "evaluate", scored)
+    ft = tmp_path / "ft"
+    out = run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "inductive", "--transfer", "adaptor",
+              "--out", str(ft), "--set", "data.max_len=8", "--set", "train.epochs=3", "--set", "train.lr=0.01",
+              "--set", "train.refit=true", "--set", "train.progress=false")
+    assert "kept 0.5 x fine-tuned + 0.5 x pre-trained weights" in out, out
+    results = json.loads((ft / "results.json").read_text())
+    assert results["interpolation"]["alpha"] == 0.5 and len(calls) == 3
+    model, meta = load_checkpoint(ft / "checkpoint")
+    assert meta["interpolated"] == 0.5 and load_checkpoint(ft / "checkpoint-selected")[1]["interpolated"] == 0.5
+    origin = Origin.of(pre, "adaptor")
+    start = origin.weights(origin.model(PreparedDataset.load(a), model.config, 8, seed=42))
+    assert start and all(k.startswith("adaptor.") for k in start)
+    state = model.state_dict()
+    assert any(not torch.allclose(state[k], start[k]) for k in start)  # fine-tuning moved the adaptor

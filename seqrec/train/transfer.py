@@ -187,6 +187,15 @@ def mix(model: SequentialModel, start: dict[str, torch.Tensor], alpha: float,
     return model
 
 
+def unmix(model: SequentialModel, start: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """The fine-tuned values of the tensors named in `start` (pre-trained values) of a model saved mixed at
+    `alpha` (its checkpoint's `interpolated`): start + (mixed - start) / alpha."""
+    if not 0 < alpha <= 1:
+        raise SeqrecError(f"a model mixed at {alpha:g} x fine-tuned keeps nothing of its fine-tuned weights")
+    state = model.state_dict()
+    return {k: v + (state[k].detach() - v.to(state[k].device)) / alpha for k, v in start.items()}
+
+
 def interpolate_best(cfg: RunConfig, data: PreparedDataset, device: torch.device, ckpt: Path,
                      start: dict[str, torch.Tensor], loop: LoopState, metric: str) -> dict[str, Any]:
     """Validate the chosen fine-tuned checkpoint mixed with its pre-trained weights (`start`) at each weight of
