@@ -120,6 +120,8 @@ def unisrec(d: dict[str, Any]) -> list[str]:
                          f"{c['recall@50']:.4f} | {w['recall@10']:.4f} | {w['ndcg@10']:.4f} | "
                          f"{r['all']['ndcg@10']:.4f} |")
         lines += _cold_goal(cold)
+        for key, r in cold.items():
+            lines += _mix_curve(key, r.get("mix_curve"))
     pre = d.get("pretraining", {})
     if pre:
         lines += ["", "Pre-training throughput and peak memory (process RSS), one CPU thread.", "",
@@ -260,6 +262,24 @@ def _missrec_goal(quality: dict[str, Any]) -> list[str]:
         return []
     return ["", f"Goal: beat MISSRec (text + images, pre-trained; the strongest published text-based numbers on this "
                 f"build) at R@10 {MISSREC['recall@10']:.4f} / N@10 {MISSREC['ndcg@10']:.4f}: " + "; ".join(out) + "."]
+
+
+def _mix_curve(run: str, curve: dict[str, Any] | None) -> list[str]:
+    """Cold and warm test metrics of a fine-tuned run's weights mixed with its pre-trained ones, per mix."""
+    if not curve:
+        return []
+    valid = curve.get("valid", {})
+    lines = ["", f"{run} along the weight mix alpha x fine-tuned + (1 - alpha) x pre-trained (alpha 0: the "
+             f"pre-trained weights, 1: the fine-tuned ones); the run kept alpha {curve['kept']:g}, the one its "
+             "validation NDCG@10 (over every validation user, none of them cold) picked; the test columns are "
+             "measured for the trade they show, not to choose by.", "",
+             *header(["alpha", "valid N@10", "cold R@10", "cold N@10", "cold R@50", "warm R@10", "warm N@10",
+                      "all N@10"])]
+    for alpha, r in curve["test"].items():
+        c, w = r["cold"], r["warm"]
+        lines.append(f"| {alpha} | {f4(valid.get(alpha))} | {c['recall@10']:.4f} | {c['ndcg@10']:.4f} | "
+                     f"{c['recall@50']:.4f} | {w['recall@10']:.4f} | {w['ndcg@10']:.4f} | {r['all']['ndcg@10']:.4f} |")
+    return lines
 
 
 COLD_BASELINE = "unisrec-cold20-scratch-text"  # the best cold-item run when issue 17 set its goal (2x)

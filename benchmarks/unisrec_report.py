@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ from seqrec.config import EvalConfig
 from seqrec.data.dataset import PreparedDataset
 from seqrec.eval.cold import cold_item_split, evaluate_cold_warm
 from seqrec.train.checkpoint import load_checkpoint
-from seqrec.train.state import saved_origin
 from seqrec.train.transfer import Origin, mix, unmix
 
 PUBLISHED = {  # R@10, N@10, R@50, N@50 on Scientific (../shared/data/README.md)
@@ -145,20 +145,27 @@ def mix_curve(run: Path, model: Any, data: PreparedDataset, ev: EvalConfig) -> d
     the trade a catalogue whose new items must be found may choose; the run itself kept the mix its
     validation picked (`kept`), which never saw these numbers."""
     results = json.loads((run / "results.json").read_text())
-    origin = saved_origin(run / "state")
-    if origin is None or not isinstance(results.get("interpolation"), dict):
+    if not isinstance(results.get("interpolation"), dict):
         return None
+    if "origin" in results:
+        o = Origin(**results["origin"])
+    else:  # finished before results.json named its pre-trained run: the one its command names (HIST=...)
+        hist = re.search(r"HIST=(\S+)", COLD_RUNS[run.name])
+        o = Origin.of(RUNS / "xfer" / (hist.group(1) if hist else "games-centre-hist"))
     cfg = run_config(run)
-    o = Origin(**origin)
     start = o.weights(o.model(data, cfg.model, cfg.data.max_len, cfg.train.seed))  # type: ignore[arg-type]
     kept = float(results["interpolation"]["alpha"])
     tuned = unmix(model, start, kept)  # the checkpoint holds the kept mix
-    curve = {}
+    test = {}
     for alpha in (0.0, 0.25, 0.5, 0.75, 1.0):
         mix(model, start, alpha, tuned)
-        curve[f"{alpha:g}"] = evaluate_cold_warm(model, data, "test", cfg.data.max_len, ev, torch.device("cpu"))
+        test[f"{alpha:g}"] = evaluate_cold_warm(model, data, "test", cfg.data.max_len, ev, torch.device("cpu"))
     mix(model, start, kept, tuned)
-    return {"kept": kept, "valid": results["interpolation"].get("valid", {}), "test": curve}
+    interp = results["interpolation"]
+    epochs = {row[0]: row[1] for row in curve(run)}  # validation NDCG@10 per epoch (0: the pre-trained weights)
+    valid = {**({"0": epochs[0]} if 0 in epochs else {}), **interp.get("valid", {}),
+             **({"1": interp["fine_tuned"]} if "fine_tuned" in interp else {})}
+    return {"kept": kept, "valid": valid, "test": test}
 
 
 def pretraining() -> dict[str, Any]:

@@ -84,6 +84,7 @@ def test_the_kept_model_is_the_one_validation_scored(tiny_dataset: PreparedDatas
     origin = Origin.of(pre)
     results = loop.fit(cfg, tiny_dataset, tmp_path / "ft", model=origin.model(tiny_dataset, cfg.model, 8, 42),
                        origin=origin)
+    assert results["origin"] == dataclasses.asdict(origin)  # results.json names the pre-trained run it came from
     mix = results["interpolation"]
     assert "skipped" not in mix, mix  # training moved away from the (perturbed) pre-trained weights
     assert set(mix["valid"]) == {"0.25", "0.5", "0.75"}

@@ -277,8 +277,8 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     train_seconds = time.perf_counter() - start
     results = final_results(best_model, test_model, data, cfg, device, loop.best_epoch, loop.history,
                             train_seconds, test=test)
-    if init_items_from is not None:
-        results["init_items_from"] = str(init_items_from)
+    # where its weights came from: items initialised from a run; (fine-tuned) the pre-trained run (transfer.Origin)
+    results.update({k: v for k, v in (("init_items_from", loop.init_items_from), ("origin", loop.origin)) if v})
     if loop.interpolation is not None:
         results["interpolation"] = loop.interpolation
         if alpha < 1:
