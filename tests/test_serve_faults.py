@@ -455,3 +455,44 @@ def test_a_string_is_not_taken_as_a_list_of_one_character_ids(runs: dict[str, Pa
         rec.recommend_many([], k=3)
     with pytest.raises(SeqrecError, match=r"histories\[1\]: unknown item id\(s\) in history: 'zz'"):
         rec.recommend_many([["i1"], ["zz"]], k=3)
+
+
+EXIT_DURING_REBUILD = """
+import logging, sys, threading, time
+import torch
+logging.basicConfig(level=logging.INFO)
+from seqrec.serve.ann import FaissRetriever, build_retriever
+import seqrec.serve.faiss_index as faiss_index
+
+faiss_index._EXIT_WAIT_S = float(sys.argv[1])
+build = FaissRetriever._build
+
+def slow_build(self, items, n_lists):
+    if threading.current_thread().name.endswith("-rebuild"):  # a second of torch work, the GIL let go
+        a, end = torch.randn(300, 300), time.monotonic() + 1.0
+        while time.monotonic() < end:
+            a = torch.tanh(a @ a)
+    return build(self, items, n_lists)
+
+FaissRetriever._build = slow_build
+r = build_retriever("hnsw", torch.randn(2000, 16, generator=torch.Generator().manual_seed(0)))
+r.remove(list(range(1, 1801)))
+assert r.rebuilding
+"""
+
+
+def test_a_process_exiting_during_a_rebuild_lets_it_end(tmp_path: Path) -> None:
+    """The interpreter shutting down while a rebuild thread was inside torch aborted the process ("terminate
+    called without an active exception", exit 134). It now waits for the rebuild; without the wait (a zero
+    allowance) the abort is still there, which shows the test reaches it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_DURING_REBUILD)
+    done = subprocess.run([sys.executable, str(script), "60"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "waiting up to" in done.stderr
+    # (a rebuild thread that happens to hold the GIL in Python code at that moment exits cleanly: three tries)
+    assert any(subprocess.run([sys.executable, str(script), "0"], capture_output=True, timeout=120).returncode
+               for _ in range(3))

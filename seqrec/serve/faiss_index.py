@@ -84,6 +84,9 @@ def _finish_rebuilds() -> None:
     ("terminate called without an active exception", exit 134): let running rebuilds end first."""
     deadline = time.monotonic() + _EXIT_WAIT_S
     for r in list(_LIVE):
+        if r.rebuilding:
+            log.info("%s index: waiting up to %.0f s for its rebuild to end before exiting", r.kind,
+                     max(0.0, deadline - time.monotonic()))
         r.wait(max(0.0, deadline - time.monotonic()))
 
 
