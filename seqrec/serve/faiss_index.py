@@ -84,10 +84,10 @@ def _finish_rebuilds() -> None:
     ("terminate called without an active exception", exit 134): let running rebuilds end first."""
     deadline = time.monotonic() + _EXIT_WAIT_S
     for r in list(_LIVE):
+        left = max(0.0, deadline - time.monotonic())
         if r.rebuilding:
-            log.info("%s index: waiting up to %.0f s for its rebuild to end before exiting", r.kind,
-                     max(0.0, deadline - time.monotonic()))
-        r.wait(max(0.0, deadline - time.monotonic()))
+            log.info("%s index: waiting up to %.0f s for its rebuild to end before exiting", r.kind, left)
+        r.wait(left)
 
 
 class FaissRetriever(Retriever):
@@ -256,23 +256,26 @@ class FaissRetriever(Retriever):
         """(Under the writer lock.) Start a rebuild in the background if one is due and none is running.
         Called by a finishing rebuild, it hands `_builder` straight to the next one (or clears it), so that
         `wait` never sees None between a rebuild and the one it starts."""
-        me = threading.current_thread()
-        running = self._builder is not None and self._builder is not me
-        why = None if running else self._rebuild_due(items)
-        builder = None
-        if why is not None:
-            log.info("%s index: %s; rebuilding over the live items in the background", self.kind, why)
-            builder = threading.Thread(target=self._rebuild, args=(items,), name=f"seqrec-{self.kind}-rebuild",
-                                       daemon=True)
-            try:
-                builder.start()  # it cannot swap before this returns: the caller holds the writer lock
-            except RuntimeError:  # no thread to be had: the index serves as it is; the next change tries again
-                log.exception("%s index: could not start the rebuild", self.kind)
-                builder = None
+        if self._builder not in (None, threading.current_thread()):  # another rebuild is running
+            return
+        why = self._rebuild_due(items)
+        builder = None if why is None else self._start_rebuild(items, why)
         if builder is not None:
-            self._since, self._builder = [], builder
-        elif self._builder is me:
-            self._builder = None
+            self._since = []
+        self._builder = builder
+
+    def _start_rebuild(self, items: _Items, why: str) -> threading.Thread | None:
+        """The rebuild thread over `items`, started; None if no thread could be had (the index serves as it
+        is, and the next change tries again)."""
+        log.info("%s index: %s; rebuilding over the live items in the background", self.kind, why)
+        builder = threading.Thread(target=self._rebuild, args=(items,), name=f"seqrec-{self.kind}-rebuild",
+                                   daemon=True)
+        try:
+            builder.start()  # it cannot swap before this returns: the caller holds the writer lock
+        except RuntimeError:
+            log.exception("%s index: could not start the rebuild", self.kind)
+            return None
+        return builder
 
     def _rebuild(self, items: _Items) -> None:
         """Build over the snapshot `items` while searches and changes go on; then, under the writer lock,

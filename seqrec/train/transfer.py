@@ -192,8 +192,9 @@ def unmix(model: SequentialModel, start: dict[str, torch.Tensor], alpha: float) 
     `alpha` (its checkpoint's `interpolated`): start + (mixed - start) / alpha."""
     if not 0 < alpha <= 1:
         raise SeqrecError(f"a model mixed at {alpha:g} x fine-tuned keeps nothing of its fine-tuned weights")
-    state = model.state_dict()
-    return {k: v + (state[k].detach() - v.to(state[k].device)) / alpha for k, v in start.items()}
+    state = {k: v.detach() for k, v in model.state_dict().items() if k in start}
+    begin = {k: v.to(state[k].device) for k, v in start.items()}
+    return {k: begin[k] + (state[k] - begin[k]) / alpha for k in start}
 
 
 def interpolate_best(cfg: RunConfig, data: PreparedDataset, device: torch.device, ckpt: Path,
