@@ -29,7 +29,7 @@ from common import load_result as load
 from report_cost import cuda, ddp_scaling, eval_cost, scale, text_encoding, train_throughput
 from report_peers import item2vec_gensim, speed, zoo_vs_recbole
 from report_quality import features, losses, output_layer, positions, sasrec_quality, unisrec, zoo
-from report_serving import retrieval, serve_load
+from report_serving import batch_recommend, retrieval, serve_load
 from report_settings import auto_decisions, defaults, defaults_candidate, encoders, history_bias_section
 from report_transfer import _transfer_rows, data_efficiency, transfer_probe, tune
 from tables import (
@@ -59,6 +59,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("item2vec_vs_gensim.json", item2vec_gensim),
     ("unisrec.json", unisrec),
     ("retrieval.json", retrieval),
+    ("batch_recommend.json", batch_recommend),
     ("text_encoding*.json", text_encoding),
     ("features.json", features),
     ("output_layer.json", output_layer),
@@ -78,6 +79,7 @@ SECTIONS: list[tuple[str, Render]] = [
 # the sections of docs/results.md (the README's Results until the README became a manual)
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
+                "batch_recommend.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "train_throughput.json", "tune_*.json",
                 "cuda_check.json", "ddp_scaling.json", "defaults.json", "defaults_candidate_*.json",
                 "auto_decisions.json", "history_bias.json", "encoders_*.json")
@@ -188,6 +190,10 @@ def headline(link: str = "docs/results.md") -> list[str]:
                              f"{live['add_failures'] + load_['failed']} failed; /recommend "
                              f"{load_['requests_per_s']:.0f} requests/s, p50 {load_['p50_ms']:.1f} ms, "
                              f"p99 {load_['p99_ms']:.1f} ms", DASH])
+    for r in ((load("batch_recommend.json") or {}).get("runs") or {}).values():
+        rows.append([f"`seqrec recommend --users all`: top-{r['k']} for every user, to a file ({r['model']})",
+                     r["dataset"], f"{r['users']:,} users", f"{r['users_per_s']:,.0f} users/s, "
+                     f"{r['speed_up']:.0f} × one request at a time", "one request at a time: 1 ×"])
     deploy = load("serve_deploy.json")
     if deploy:
         r, load_ = deploy["result"], deploy["result"]["load"]

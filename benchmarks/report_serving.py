@@ -306,3 +306,28 @@ def retrieval(d: dict[str, Any]) -> list[str]:
             "unequal norms and a bias. Script: `benchmarks/retrieval.py`; file: `results/retrieval.json`; plot "
             "`results/retrieval.png` (recall@10 against latency as ef_search / n_probe vary).", "",
             table(d), "", "![recall against latency](results/retrieval.png)"]
+
+
+def batch_recommend(d: dict[str, Any]) -> list[str]:
+    from tables import table
+
+    rows = []
+    for name, r in d["runs"].items():
+        rows.append([f"`{name}`{' (history bias)' if r['history_bias'] else ''}", f"{r['users']:,}",
+                     f"{r['items']:,}", r["d"], f"{r['history_median']:g} / {r['history_max']:,}",
+                     f"{r['batch_s']:.2f}", f"{r['users_per_s']:,.0f}", f"{r['one_at_a_time_ms_median']:.2f}",
+                     f"{r['one_at_a_time_all_users_s']:.1f}", f"{r['speed_up']:.1f} ×",
+                     f"{r['sample_mismatched']} of {r['sample']}", f"{r['cli_s']:.1f}"])
+    return ["## Top-k for every user, to a file", "",
+            "`seqrec recommend RUN --users all --out FILE` against one request at a time, on the same "
+            f"{d['threads']} threads in one run: top-{next(iter(d['runs'].values()))['k']} for every user of the "
+            "run's dataset from the whole history (exact index). `batch s`: the median over repeats of reading the "
+            "histories and ranking every user (`seqrec.serve.batch`); `one at a time`: `Recommender.recommend` on a "
+            "seeded sample of the users, its median, and its mean times the users (what a loop over them would "
+            "take); `differ`: sampled users whose top-k differs from the batch's (items, or scores by more than "
+            "1e-4); `CLI s`: the command once, end to end (start, model load, histories, top-k, Parquet written). "
+            f"Runs trained with a time budget (their quality is not measured here). Commit {d['machine']['commit']}. "
+            f"Script: `benchmarks/batch_recommend.py`; file: `results/batch_recommend.json`; command: "
+            f"`{d['command']}`.", "",
+            *table(["run", "users", "items", "d", "history median / max", "batch s", "users/s",
+                    "one at a time, ms (median)", "one at a time, all users s", "speed-up", "differ", "CLI s"], rows)]

@@ -1,4 +1,5 @@
-"""`seqrec recommend`: top-k items for a history of raw item ids, or for a user of the run's dataset."""
+"""`seqrec recommend`: top-k items for a history of raw item ids, for a user of the run's dataset, or for many
+users at once (`--users`, `--log`), written to a file."""
 
 from __future__ import annotations
 
@@ -6,27 +7,40 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seqrec.cli.common import resolve_dataset, run_config, zero_shot_run
 from seqrec.errors import SeqrecError
 
+if TYPE_CHECKING:
+    from seqrec.data.dataset import PreparedDataset
+    from seqrec.serve import Recommender
 
-def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, dict[str, list[float]]]:
-    """A user's full raw item history, its timestamps and extra event columns (rating, ...),
-    from the prepared dataset the run was trained on (as prepared now: a note says when that is not
-    the preparation the run was trained on)."""
-    import polars as pl
+BATCH_ONLY = {"out": "--out", "batch_size": "--batch-size", "user_col": "--user-col", "item_col": "--item-col",
+              "time_col": "--time-col", "sep": "--sep", "time_format": "--time-format"}
 
+def run_dataset(run: Path, flag: str) -> PreparedDataset:
+    """The prepared dataset a run was trained on, as prepared now (a note says when that is not the
+    preparation the run was trained on)."""
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.checkpoint import read_meta
 
     if not (run / "config.json").is_file():
-        raise SeqrecError(f"{run}: --user needs a run folder with config.json")
+        raise SeqrecError(f"{run}: {flag} needs a run folder with config.json")
     data = PreparedDataset.load(resolve_dataset(run_config(run).data.dataset))
     trained_on = read_meta(run / "checkpoint").get("dataset_fingerprint")
     if trained_on not in (None, data.fingerprint):
         print(f"(note: {data.path} was prepared again since this run was trained, from other data or options: "
-              f"fingerprint {trained_on} -> {data.fingerprint}; the user's history is the one prepared now)")
+              f"fingerprint {trained_on} -> {data.fingerprint}; the users' histories are the ones prepared now)")
+    return data
+
+
+def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, dict[str, list[float]]]:
+    """A user's full raw item history, its timestamps and extra event columns (rating, ...), from the
+    prepared dataset the run was trained on."""
+    import polars as pl
+
+    data = run_dataset(run, "--user")
     users = pl.read_parquet(data.path / "users.parquet")
     match = users.filter(pl.col("user") == user)
     if match.height == 0:
@@ -70,14 +84,28 @@ def id_list(text: str, flag: str) -> list[str]:
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.serve import Recommender
 
+    if args.users is not None or args.log is not None:
+        from seqrec.serve.batch import output_kind
+
+        if args.out is None:
+            raise SeqrecError(f"{'--users' if args.users is not None else '--log'} writes its top-k to a file: "
+                              "give --out PATH (.parquet, .csv, .tsv or .jsonl)")
+        output_kind(Path(args.out))  # an unknown type is refused before the model loads
+        refused = [f for f, v in (("--candidates", args.candidates), ("--times", args.times),
+                                  ("--event", args.event)) if v]
+        if refused:
+            raise SeqrecError(f"{refused[0]} goes with --history (--users and --log take each user's own history)")
     index = args.index or ("ivf" if args.ann else "exact")
     if args.n_probe is not None and index != "ivf":
         raise SeqrecError("--n-probe needs --index ivf")
     if args.n_probe is not None and args.n_probe < 1:
         raise SeqrecError(f"--n-probe must be >= 1, got {args.n_probe}")
     options = {} if args.n_probe is None else {"n_probe": args.n_probe}
-    args.run = str(zero_shot_run(Path(args.run), args.dataset, "cpu"))  # a pre-training run: on --dataset
-    rec = Recommender.from_run(args.run, index=index, **options)
+    from seqrec.train.loop import pick_device
+
+    device = str(pick_device(args.device))  # one that is not there is a one-line error here, not a traceback
+    args.run = str(zero_shot_run(Path(args.run), args.dataset, device))  # a pre-training run: on --dataset
+    rec = Recommender.from_run(args.run, device=device, index=index, **options)
     if args.new_item:
         bad = [item for item in args.new_item  # ID=TEXT, neither of them blank
                if not all(part.strip() for part in item.partition("=")[::2])]
@@ -90,8 +118,16 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 "already an item of the run; --new-item adds items unseen in training (give it another id)"
                 if known else "given more than once"))
         rec.add_items(new)
-    if (args.history is None) == (args.user is None):
-        raise SeqrecError("give exactly one of --history or --user")
+    sources = [f for f, v in (("--history", args.history), ("--user", args.user), ("--users", args.users),
+                              ("--log", args.log)) if v is not None]
+    if len(sources) != 1:
+        raise SeqrecError("give exactly one of --history, --user, --users or --log"
+                          + (f", not {' and '.join(sources)}" if sources else ""))
+    if args.users is not None or args.log is not None:
+        return recommend_batch(args, rec)
+    given = [flag for key, flag in BATCH_ONLY.items() if getattr(args, key) is not None]
+    if given:
+        raise SeqrecError(f"{given[0]} goes with --users or --log (top-k for many users, to a file)")
     if args.user is not None and (args.times or args.event):
         raise SeqrecError("--times and --event go with --history (--user takes the user's own)")
     if args.user is not None:
@@ -128,6 +164,56 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def recommend_batch(args: argparse.Namespace, rec: Recommender) -> int:
+    """`--users` / `--log`: top-k for many users, written to `--out`, with a summary of what was dropped."""
+    import time
+
+    from seqrec.data.readers_table import TableFile, read_table
+    from seqrec.serve import batch
+
+    started = time.perf_counter()
+    if args.users is not None:
+        data = run_dataset(Path(args.run), "--users")
+        users = None
+        if args.users != "all":
+            path = Path(args.users)
+            if not path.is_file():
+                raise SeqrecError(f"--users {args.users}: neither 'all' nor a file of user ids (one per line)")
+            users = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if not users:
+                raise SeqrecError(f"{path}: no user id in it (one per line)")
+        hist = batch.from_dataset(rec, data, users)
+        source = f"{data.path.name}'s users"
+    else:
+        missing = [flag for flag, v in (("--user-col", args.user_col), ("--item-col", args.item_col)) if v is None]
+        if missing:
+            raise SeqrecError(f"--log needs {' and '.join(missing)}: the column names in {args.log}")
+        columns = TableFile.of(Path(args.log), args.sep, what="log").columns()
+        events = [n for n in rec.model.event_feature_names() if n in columns]
+        frame = read_table(Path(args.log), args.user_col, args.item_col, args.time_col, args.sep, args.time_format,
+                           extra_cols=events).interactions.frame
+        hist = batch.from_log(rec, frame)
+        source = f"the users of {args.log}"
+    if not hist.users:
+        if not hist.empty_users:
+            raise SeqrecError(f"none of the {len(hist.unknown_users)} user id(s) of {args.users} is in the dataset: "
+                              + ", ".join(hist.unknown_users[:5]) + (" ..." if len(hist.unknown_users) > 5 else ""))
+        raise SeqrecError(f"no user has an item the run knows ({len(hist.empty_users)} user(s) of {source}), so "
+                          "there is nothing to recommend from")
+    frame = batch.recommend_histories(rec, hist, args.k, args.exclude_seen,
+                                       1024 if args.batch_size is None else args.batch_size)
+    batch.write_table(frame, Path(args.out))
+    seconds = time.perf_counter() - started
+    print(f"top {args.k} for {len(hist.users):,} of {source} -> {args.out} ({frame.height:,} rows, {seconds:.1f} s)")
+    for n, what, names in ((len(hist.unknown_users), "user id(s) not in the dataset", hist.unknown_users),
+                           (len(hist.empty_users), "user(s) with no item the run knows: no rows", hist.empty_users)):
+        if n:
+            print(f"  {n:,} {what}: {', '.join(names[:5])}{' ...' if n > 5 else ''}")
+    if hist.unknown_events:
+        print(f"  {hist.unknown_events:,} event(s) of items the run does not know were left out of the histories")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `recommend` on the top-level subparsers."""
     r = sub.add_parser("recommend", help="top-k items for a history of raw item ids")
@@ -150,4 +236,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "without them those features are missing")
     r.add_argument("--event", action="append", metavar="NAME=V1,V2,...",
                    help="an event feature's values for the --history items (e.g. rating=5,4,3), one per item")
+    r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (CUDA where there is one): "
+                   "where the model runs (top-k for many users gains most)")
+    r.add_argument("--users", metavar="all|FILE", help="top-k for many users of the run's dataset, each with its "
+                   "whole history: all of them, or those of FILE (one user id per line); needs --out")
+    r.add_argument("--log", metavar="FILE", help="top-k for every user of an event log (CSV / TSV / Parquet / JSON "
+                   "lines; items the run does not know are left out); needs --out, --user-col and --item-col")
+    r.add_argument("--out", metavar="PATH", help="with --users or --log: the file of (user, rank, item, score, "
+                   "title) rows: .parquet, .csv, .tsv or .jsonl, written whole or not at all")
+    r.add_argument("--batch-size", type=int, help="with --users or --log: histories encoded at a time (default 1024)")
+    r.add_argument("--user-col", help="with --log: its user id column")
+    r.add_argument("--item-col", help="with --log: its item id column")
+    r.add_argument("--time-col", help="with --log: its time column, which orders each user's events (else the "
+                   "file's order)")
+    r.add_argument("--sep", help="with --log: its field separator when its suffix does not say")
+    r.add_argument("--time-format", help="with --log: the strftime layout of its times, as in data prepare")
     r.set_defaults(fn=cmd_recommend)

@@ -223,10 +223,11 @@ class Recommender(LiveCatalogue):
         return out
 
     @torch.no_grad()
-    def encode(self, histories: Sequence[Sequence[int]], events: Sequence[dict[str, np.ndarray]] | None = None
-               ) -> tuple[torch.Tensor, Batch]:
+    def encode(self, histories: Sequence[Sequence[int]], events: Sequence[dict[str, np.ndarray]] | None = None,
+               table: torch.Tensor | None = None) -> tuple[torch.Tensor, Batch]:
         """Item-index histories -> their states (B, D) and the left-padded batch (the last max_len items);
-        a model's event features are missing (NaN) where `events` gives none (sessions, batch requests)."""
+        a model's event features are missing (NaN) where `events` gives none (sessions, batch requests).
+        `table`: a text model's `input_table()`, computed once for many calls while the catalogue is still."""
         if not events and self.model.event_feature_names():
             events = [self.history_events(len(h), None, None) for h in histories]
         batch = history_batch([list(h) for h in histories], self.max_len, events or None)
@@ -234,6 +235,8 @@ class Recommender(LiveCatalogue):
             values = None if batch.events is None else {k: v.numpy() for k, v in batch.events.items()}
             return torch.from_numpy(self._onnx(batch.items.numpy(), values)), batch
         batch = batch.to(self.catalogue.vectors.device)
+        if table is not None:
+            return self.model.encode(batch, table=table), batch  # type: ignore[call-arg]
         return self.model.encode(batch), batch
 
     # -- top-k ---------------------------------------------------------------------------------------
@@ -267,7 +270,8 @@ class Recommender(LiveCatalogue):
             v, i = values[r].float(), ids[r]
             s = seen[r]
             if s is not None and offsets is not None:  # merge the window's items, scored with their offsets
-                alive = torch.tensor([self.catalogue.is_active(int(x)) for x in s], dtype=torch.bool, device=s.device)
+                alive = (torch.tensor([self.catalogue.is_active(int(x)) for x in s], dtype=torch.bool, device=s.device)
+                         if self.catalogue.removed else torch.ones(len(s), dtype=torch.bool, device=s.device))
                 exact = self._exact(states[r], s) + (windows[r][None, :] == s[:, None]).float() @ offsets[r].float()
                 v, i = torch.cat([v, exact[alive].to(v.device)]), torch.cat([i, s[alive].to(i.device)])
                 top = torch.topk(v, min(ks[r], len(v)))
