@@ -16,6 +16,7 @@ Both on the same threads in one run, so their ratio is the result; absolute time
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def measure(name: str, run: Path, args: argparse.Namespace) -> dict[str, Any]:
     out_file = WORK / "batch" / f"{name}.parquet"
     t0 = time.perf_counter()
     subprocess.run(seqrec_cmd("recommend", str(run), "--users", "all", "--out", str(out_file), "-k", str(args.k)),
-                   check=True, cwd=ROOT, capture_output=True)
+                   check=True, cwd=ROOT, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
     cli_s = time.perf_counter() - t0
     lengths = np.diff(data.offsets)
     batch_s = statistics.median(times)

@@ -9,6 +9,7 @@ import pytest
 
 from seqrec.cli import main
 from seqrec.cli.recommend import user_history
+from seqrec.errors import SeqrecError
 from seqrec.serve import Recommender
 from tests.conftest import synthetic_log
 
@@ -182,3 +183,88 @@ def test_a_text_model_with_items_added_by_text(tmp_path: Path) -> None:
     assert "new" in frame["item"].to_list()
     for n, recs in enumerate(rec.recommend_many(histories, k=31)):
         assert same(rows_of(frame, f"u{n}"), [(r.item, r.score) for r in recs])
+
+
+def test_what_a_log_may_hold(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Parquet log with integer user ids and events out of time order, a user whose history holds every item
+    (--exclude-seen leaves nothing: no rows, named), a rating column that is text, and a log that lacks a
+    feature the model reads (a note says it is taken as missing)."""
+    from seqrec.serve import batch
+
+    fields = '[{name="rating", level="event", kind="continuous"}]'
+    run_dir = train(home, capsys, "gru", "--model", "gru4rec", "--set", f"features.fields={fields}")
+    rec = Recommender.from_run(run_dir)
+    items = [int(i[1:]) for i in rec.catalogue.raw_ids]
+    log = pl.DataFrame({"u": [7, 7, 7, 8, *[9] * len(items)], "i": [3, 4, 5, 6, *items],
+                        "t": [30.0, 20.0, 10.0, 1.0, *range(len(items))], "rating": [1, 2, 3, 4, *[5] * len(items)]})
+    # ids as the run has them ("i3"): an integer log of "3" would not match, so the test renames the catalogue's
+    log.with_columns(("i" + pl.col("i").cast(pl.Utf8)).alias("i")).write_parquet(home / "ints.parquet")
+    code, text, err = run(capsys, "recommend", str(run_dir), "--log", str(home / "ints.parquet"), "--user-col", "u",
+                          "--item-col", "i", "--time-col", "t", "--out", str(home / "out.csv"), "-k", "3",
+                          "--exclude-seen")
+    assert code == 0, err
+    assert "1 user(s) with no item left once their own are excluded: no rows: 9" in text
+    frame = pl.read_csv(home / "out.csv", schema_overrides={"user": pl.Utf8, "item": pl.Utf8})
+    assert frame["user"].unique(maintain_order=True).to_list() == ["7", "8"]
+    want = rec.recommend(["i5", "i4", "i3"], 3, exclude_seen=True, events={"rating": [3.0, 2.0, 1.0]})
+    assert same(rows_of(frame, "7"), [(r.item, r.score) for r in want])
+    # the same log without its rating column: the feature is missing (NaN), and the note says so
+    log.drop("rating").with_columns(("i" + pl.col("i").cast(pl.Utf8)).alias("i")).write_csv(home / "plain.csv")
+    code, text, _ = run(capsys, "recommend", str(run_dir), "--log", str(home / "plain.csv"), "--user-col", "u",
+                        "--item-col", "i", "--out", str(home / "plain.parquet"), "-k", "3")
+    assert code == 0 and "(note: the model's event feature(s) rating are not in" in text
+    plain = pl.read_parquet(home / "plain.parquet")
+    want = rec.recommend(["i3", "i4", "i5"], 3)  # file order without --time-col; rating missing
+    assert same(rows_of(plain, "7"), [(r.item, r.score) for r in want])
+    # a rating that is text is named, not read as missing
+    text_rating = pl.DataFrame({"user": ["a"], "item": ["i3"], "timestamp": [None], "rating": ["five"]},
+                               schema_overrides={"timestamp": pl.Float64})
+    with pytest.raises(SeqrecError, match=r"column 'rating' .* holds 'five', not a number"):
+        batch.from_log(rec, text_rating)
+
+
+def test_more_mistakes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    (home / "latin1.txt").write_bytes("u1\nj\xe9r\xf4me\n".encode("latin-1"))
+    (home / "nobody.txt").write_text("x\ny\n")
+    (home / "bom.txt").write_text("\ufeffu1\nu2\n", encoding="utf-8")
+    (home / "header.csv").write_text("uid,iid\n")
+    for argv, message in [
+        (["--users", "{home}/latin1.txt"], "latin1.txt: not utf-8 text"),
+        (["--users", "{home}/nobody.txt"], "none of the 2 user id(s) of"),
+        (["--users", "all", "--user-col", "uid"], "--user-col goes with --log"),
+        (["--log", "{home}/header.csv", "--user-col", "uid", "--item-col", "iid"], "header.csv: no events in it"),
+    ]:
+        code, _, err = run(capsys, "recommend", str(run_dir), *[a.format(home=home) for a in argv], "--out",
+                           str(home / "r.csv"))
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    code, text, _ = run(capsys, "recommend", str(run_dir), "--users", str(home / "bom.txt"), "--out",
+                        str(home / "bom.csv"))
+    assert code == 0 and "for 2 of toy's users" in text  # a byte-order mark is not part of the first id
+
+
+def test_a_failed_write_leaves_nothing(home: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+
+    def half_written(self: pl.DataFrame, path: Path, *args: object, **kwargs: object) -> None:
+        Path(path).write_bytes(b"PAR1 half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", half_written)
+    code, _, err = run(capsys, "recommend", str(run_dir), "--users", "all", "--out", str(home / "r.parquet"))
+    assert code == 2 and "r.parquet: cannot write (No space left on device)" in err, err
+    assert not list(home.glob("r.parquet")) and not list(home.glob(".r.parquet*"))
+
+
+def test_an_ann_index_with_exclusions(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--index ivf --exclude-seen: the batch's lists are what the same IVF index gives one request at a time."""
+    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    code, _, _ = run(capsys, "recommend", str(run_dir), "--users", "all", "--out", str(home / "ivf.jsonl"),
+                     "--index", "ivf", "--exclude-seen", "-k", "5")
+    assert code == 0
+    frame = pl.read_ndjson(home / "ivf.jsonl")
+    rec = Recommender.from_run(run_dir, index="ivf")
+    for user in ("u0", "u17", "u42"):
+        history, _, _ = user_history(run_dir, user)
+        assert same(rows_of(frame, user), [(r.item, r.score) for r in rec.recommend(history, 5, exclude_seen=True)])

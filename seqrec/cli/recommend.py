@@ -15,9 +15,11 @@ from seqrec.errors import SeqrecError
 if TYPE_CHECKING:
     from seqrec.data.dataset import PreparedDataset
     from seqrec.serve import Recommender
+    from seqrec.serve.batch import Histories
 
-BATCH_ONLY = {"out": "--out", "batch_size": "--batch-size", "user_col": "--user-col", "item_col": "--item-col",
-              "time_col": "--time-col", "sep": "--sep", "time_format": "--time-format"}
+LOG_ONLY = {"user_col": "--user-col", "item_col": "--item-col", "time_col": "--time-col", "sep": "--sep",
+            "time_format": "--time-format"}
+BATCH_ONLY = {"out": "--out", "batch_size": "--batch-size", **LOG_ONLY}
 
 def run_dataset(run: Path, flag: str) -> PreparedDataset:
     """The prepared dataset a run was trained on, as prepared now (a note says when that is not the
@@ -82,29 +84,67 @@ def id_list(text: str, flag: str) -> list[str]:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    many = check_sources(args)  # a mistake in the flags is named before the model loads
+    rec = load_recommender(args)
+    return recommend_batch(args, rec) if many else recommend_one(args, rec)
+
+
+def check_sources(args: argparse.Namespace) -> bool:
+    """Exactly one of --history, --user, --users, --log, with the flags that go with it; True for the
+    batch forms (--users, --log), whose user-id file is read here (`args.user_ids`)."""
+    sources = [f for f, v in (("--history", args.history), ("--user", args.user), ("--users", args.users),
+                              ("--log", args.log)) if v is not None]
+    if len(sources) != 1:
+        raise SeqrecError("give exactly one of --history, --user, --users or --log"
+                          + (f", not {' and '.join(sources)}" if sources else ""))
+    if sources[0] in ("--history", "--user"):
+        given = [flag for key, flag in BATCH_ONLY.items() if getattr(args, key) is not None]
+        if given:
+            raise SeqrecError(f"{given[0]} goes with --users or --log (top-k for many users, to a file)")
+        if args.user is not None and (args.times or args.event):
+            raise SeqrecError("--times and --event go with --history (--user takes the user's own)")
+        return False
+    from seqrec.data.readers_io import read_lines
+    from seqrec.serve.batch import output_kind
+
+    if args.out is None:
+        raise SeqrecError(f"{sources[0]} writes its top-k to a file: give --out PATH (.parquet, .csv, .tsv or "
+                          ".jsonl)")
+    output_kind(Path(args.out))
+    refused = [f for f, v in (("--candidates", args.candidates), ("--times", args.times), ("--event", args.event))
+               if v]
+    refused += [flag for key, flag in LOG_ONLY.items() if args.users is not None and getattr(args, key) is not None]
+    if refused:
+        where = "--log" if refused[0] in LOG_ONLY.values() else "--history"
+        raise SeqrecError(f"{refused[0]} goes with {where}" + ("" if where == "--log" else
+                          " (--users and --log take each user's own history)"))
+    if args.log is not None:
+        missing = [flag for flag, v in (("--user-col", args.user_col), ("--item-col", args.item_col)) if v is None]
+        if missing:
+            raise SeqrecError(f"--log needs {' and '.join(missing)}: the column names in {args.log}")
+    args.user_ids = None
+    if args.users not in (None, "all"):
+        if not Path(args.users).is_file():
+            raise SeqrecError(f"--users {args.users}: neither 'all' nor a file of user ids (one per line)")
+        args.user_ids = [u.strip().lstrip("\ufeff") for u in read_lines(Path(args.users))["line"]]
+        if not any(args.user_ids):
+            raise SeqrecError(f"{args.users}: no user id in it (one per line)")
+    return True
+
+
+def load_recommender(args: argparse.Namespace) -> Recommender:
+    """The run (a pre-training run: zero-shot on --dataset) on --device, with --index and the --new-item items."""
     from seqrec.serve import Recommender
+    from seqrec.train.loop import pick_device
 
-    if args.users is not None or args.log is not None:
-        from seqrec.serve.batch import output_kind
-
-        if args.out is None:
-            raise SeqrecError(f"{'--users' if args.users is not None else '--log'} writes its top-k to a file: "
-                              "give --out PATH (.parquet, .csv, .tsv or .jsonl)")
-        output_kind(Path(args.out))  # an unknown type is refused before the model loads
-        refused = [f for f, v in (("--candidates", args.candidates), ("--times", args.times),
-                                  ("--event", args.event)) if v]
-        if refused:
-            raise SeqrecError(f"{refused[0]} goes with --history (--users and --log take each user's own history)")
     index = args.index or ("ivf" if args.ann else "exact")
     if args.n_probe is not None and index != "ivf":
         raise SeqrecError("--n-probe needs --index ivf")
     if args.n_probe is not None and args.n_probe < 1:
         raise SeqrecError(f"--n-probe must be >= 1, got {args.n_probe}")
     options = {} if args.n_probe is None else {"n_probe": args.n_probe}
-    from seqrec.train.loop import pick_device
-
     device = str(pick_device(args.device))  # one that is not there is a one-line error here, not a traceback
-    args.run = str(zero_shot_run(Path(args.run), args.dataset, device))  # a pre-training run: on --dataset
+    args.run = str(zero_shot_run(Path(args.run), args.dataset, device))
     rec = Recommender.from_run(args.run, device=device, index=index, **options)
     if args.new_item:
         bad = [item for item in args.new_item  # ID=TEXT, neither of them blank
@@ -118,18 +158,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 "already an item of the run; --new-item adds items unseen in training (give it another id)"
                 if known else "given more than once"))
         rec.add_items(new)
-    sources = [f for f, v in (("--history", args.history), ("--user", args.user), ("--users", args.users),
-                              ("--log", args.log)) if v is not None]
-    if len(sources) != 1:
-        raise SeqrecError("give exactly one of --history, --user, --users or --log"
-                          + (f", not {' and '.join(sources)}" if sources else ""))
-    if args.users is not None or args.log is not None:
-        return recommend_batch(args, rec)
-    given = [flag for key, flag in BATCH_ONLY.items() if getattr(args, key) is not None]
-    if given:
-        raise SeqrecError(f"{given[0]} goes with --users or --log (top-k for many users, to a file)")
-    if args.user is not None and (args.times or args.event):
-        raise SeqrecError("--times and --event go with --history (--user takes the user's own)")
+    return rec
+
+
+def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
+    """--history or --user: the top-k as a table on stdout."""
     if args.user is not None:
         history, times, events = user_history(Path(args.run), args.user)
         titles = rec.titles or [None] * rec.n_items
@@ -164,54 +197,63 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
-def recommend_batch(args: argparse.Namespace, rec: Recommender) -> int:
-    """`--users` / `--log`: top-k for many users, written to `--out`, with a summary of what was dropped."""
-    import time
-
+def batch_histories(args: argparse.Namespace, rec: Recommender) -> tuple[Histories, str]:
+    """The histories of --users (from the run's dataset) or --log, and how to name where they came from."""
+    from seqrec.data.features import DERIVED_EVENTS
     from seqrec.data.readers_table import TableFile, read_table
     from seqrec.serve import batch
 
-    started = time.perf_counter()
     if args.users is not None:
         data = run_dataset(Path(args.run), "--users")
-        users = None
-        if args.users != "all":
-            path = Path(args.users)
-            if not path.is_file():
-                raise SeqrecError(f"--users {args.users}: neither 'all' nor a file of user ids (one per line)")
-            users = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if not users:
-                raise SeqrecError(f"{path}: no user id in it (one per line)")
-        hist = batch.from_dataset(rec, data, users)
-        source = f"{data.path.name}'s users"
-    else:
-        missing = [flag for flag, v in (("--user-col", args.user_col), ("--item-col", args.item_col)) if v is None]
-        if missing:
-            raise SeqrecError(f"--log needs {' and '.join(missing)}: the column names in {args.log}")
-        columns = TableFile.of(Path(args.log), args.sep, what="log").columns()
-        events = [n for n in rec.model.event_feature_names() if n in columns]
-        frame = read_table(Path(args.log), args.user_col, args.item_col, args.time_col, args.sep, args.time_format,
-                           extra_cols=events).interactions.frame
-        hist = batch.from_log(rec, frame)
-        source = f"the users of {args.log}"
+        hist = batch.from_dataset(rec, data, args.user_ids)
+        if not hist.users and not hist.empty_users:
+            raise SeqrecError(f"none of the {len(hist.unknown_users)} user id(s) of {args.users} is in "
+                              f"{data.path.name}: {shorten(hist.unknown_users)}")
+        return hist, f"{data.path.name}'s users"
+    columns = TableFile.of(Path(args.log), args.sep, what="log").columns()
+    takes = [n for n in rec.model.event_feature_names() if n not in DERIVED_EVENTS]
+    frame = read_table(Path(args.log), args.user_col, args.item_col, args.time_col, args.sep, args.time_format,
+                       extra_cols=[n for n in takes if n in columns]).interactions.frame
+    if frame.height == 0:
+        raise SeqrecError(f"{args.log}: no events in it")
+    lacking = [n for n in takes if n not in columns] + [n for n in DERIVED_EVENTS if args.time_col is None
+                                                       and n in rec.model.event_feature_names()]
+    if lacking:
+        print(f"(note: the model's event feature(s) {', '.join(lacking)} are not in {args.log}"
+              f"{'' if args.time_col else ' (gap and hour need --time-col)'}: taken as missing)")
+    return batch.from_log(rec, frame), f"the users of {args.log}"
+
+
+def recommend_batch(args: argparse.Namespace, rec: Recommender) -> int:
+    """--users / --log: top-k for many users, written to --out, with a summary of what was left out."""
+    import time
+
+    from seqrec.serve import batch
+
+    started = time.perf_counter()
+    hist, source = batch_histories(args, rec)
     if not hist.users:
-        if not hist.empty_users:
-            raise SeqrecError(f"none of the {len(hist.unknown_users)} user id(s) of {args.users} is in the dataset: "
-                              + ", ".join(hist.unknown_users[:5]) + (" ..." if len(hist.unknown_users) > 5 else ""))
         raise SeqrecError(f"no user has an item the run knows ({len(hist.empty_users)} user(s) of {source}), so "
                           "there is nothing to recommend from")
     frame = batch.recommend_histories(rec, hist, args.k, args.exclude_seen,
-                                       1024 if args.batch_size is None else args.batch_size)
+                                      1024 if args.batch_size is None else args.batch_size)
     batch.write_table(frame, Path(args.out))
     seconds = time.perf_counter() - started
     print(f"top {args.k} for {len(hist.users):,} of {source} -> {args.out} ({frame.height:,} rows, {seconds:.1f} s)")
-    for n, what, names in ((len(hist.unknown_users), "user id(s) not in the dataset", hist.unknown_users),
-                           (len(hist.empty_users), "user(s) with no item the run knows: no rows", hist.empty_users)):
-        if n:
-            print(f"  {n:,} {what}: {', '.join(names[:5])}{' ...' if n > 5 else ''}")
+    answered = set(frame["user"].unique().to_list())
+    nothing_left = [u for u in hist.users if u not in answered] if len(answered) < len(hist.users) else []
+    for what, names in (("user id(s) not in the dataset", hist.unknown_users),
+                        ("user(s) with no item the run knows: no rows", hist.empty_users),
+                        ("user(s) with no item left once their own are excluded: no rows", nothing_left)):
+        if names:
+            print(f"  {len(names):,} {what}: {shorten(names)}")
     if hist.unknown_events:
         print(f"  {hist.unknown_events:,} event(s) of items the run does not know were left out of the histories")
     return 0
+
+
+def shorten(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -237,7 +279,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--event", action="append", metavar="NAME=V1,V2,...",
                    help="an event feature's values for the --history items (e.g. rating=5,4,3), one per item")
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (CUDA where there is one): "
-                   "where the model runs (top-k for many users gains most)")
+                   "where the sequence encoder runs (the top-k search itself runs on the CPU)")
     r.add_argument("--users", metavar="all|FILE", help="top-k for many users of the run's dataset, each with its "
                    "whole history: all of them, or those of FILE (one user id per line); needs --out")
     r.add_argument("--log", metavar="FILE", help="top-k for every user of an event log (CSV / TSV / Parquet / JSON "

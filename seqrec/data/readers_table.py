@@ -29,9 +29,9 @@ from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 
-_SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
-_PARQUET = (".parquet", ".pq")
-_JSONL = (".jsonl", ".ndjson")
+SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
+PARQUET_SUFFIXES = (".parquet", ".pq")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TableKind = Literal["csv", "parquet", "jsonl"]
 TAB_NAMES = ("\\t", "tab")  # a tab as typed on a command line: the escape `\t` (two characters) or the word
 
@@ -59,8 +59,8 @@ class TableFile:
         A suffix of another type than `kind` is refused: reading Parquet bytes as CSV helps nobody."""
         path = require_file(Path(path), what)
         suffix = path.suffix.lower()
-        named: TableKind | None = ("parquet" if suffix in _PARQUET else "jsonl" if suffix in _JSONL
-                                   else "csv" if suffix in _SEPARATORS else None)
+        named: TableKind | None = ("parquet" if suffix in PARQUET_SUFFIXES else "jsonl" if suffix in JSONL_SUFFIXES
+                                   else "csv" if suffix in SEPARATORS else None)
         if kind is not None and named is not None and named != kind:
             raise SeqrecError(f"{path}: read as {kind}, but its suffix {suffix!r} names a {named} file; give the "
                               f"format that matches the file (or rename it)")
@@ -72,9 +72,9 @@ class TableFile:
         if sep is not None:
             return cls(path, "csv", separator(sep, path))
         if kind is None:
-            known = ", ".join([*_SEPARATORS, *_PARQUET, *_JSONL])
+            known = ", ".join([*SEPARATORS, *PARQUET_SUFFIXES, *JSONL_SUFFIXES])
             raise SeqrecError(f"{path}: unknown table type {suffix!r} (known: {known}; or pass a separator)")
-        return cls(path, "csv", _SEPARATORS.get(suffix, ","))
+        return cls(path, "csv", SEPARATORS.get(suffix, ","))
 
     def columns(self) -> list[str]:
         try:

@@ -11,9 +11,7 @@ user left with none gets no row and is named in the summary.
 
 from __future__ import annotations
 
-import logging
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +19,17 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
+from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.features import DERIVED_EVENTS
+from seqrec.data.readers_table import JSONL_SUFFIXES, PARQUET_SUFFIXES, SEPARATORS
 from seqrec.errors import SeqrecError
 from seqrec.serve.recommender import Recommender
 
-log = logging.getLogger(__name__)
-WRITERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+# an output's type by its suffix: the suffixes `seqrec data prepare` reads
+WRITERS = {**{s: "parquet" for s in PARQUET_SUFFIXES}, **{s: "jsonl" for s in JSONL_SUFFIXES},
+           **{s: "tsv" if sep == "\t" else "csv" for s, sep in SEPARATORS.items()}}
 
 
 @dataclass
@@ -66,8 +68,9 @@ def write_table(frame: pl.DataFrame, path: Path) -> None:
         else:
             frame.write_csv(tmp, separator="\t" if kind == "tsv" else ",")
         os.replace(tmp, path)
-    except OSError as exc:
-        raise SeqrecError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = getattr(exc, "strerror", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SeqrecError(f"{path}: cannot write ({reason})") from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -85,6 +88,8 @@ def _histories(users: list[str], lengths: np.ndarray, items: np.ndarray, times: 
                events: dict[str, np.ndarray]) -> Histories:
     """Flat per-event arrays (users' events one after another; `items` as catalogue indices, 0 where the
     catalogue lacks the item) -> per-user histories without the unknown items."""
+    if not users:
+        return Histories([], [], None if times is None else [], {name: [] for name in events})
     keep = items > 0
     owner = np.repeat(np.arange(len(users)), lengths)
     kept = np.bincount(owner[keep], minlength=len(users))
@@ -114,6 +119,11 @@ def _catalogue_indices(rec: Recommender, raw: pl.Series) -> np.ndarray:
     return found["idx"].fill_null(0).to_numpy().astype(np.int64)
 
 
+def _event_columns(rec: Recommender) -> list[str]:
+    """The event features a model reads from a log's columns (gap and hour come from times)."""
+    return [n for n in rec.model.event_feature_names() if n not in DERIVED_EVENTS]
+
+
 def from_dataset(rec: Recommender, data: PreparedDataset, users: Sequence[str] | None = None) -> Histories:
     """Every user of a prepared dataset (or those named, in the order given), each with the whole history."""
     table = pl.read_parquet(data.path / "users.parquet").sort("idx")
@@ -121,18 +131,20 @@ def from_dataset(rec: Recommender, data: PreparedDataset, users: Sequence[str] |
         names, codes, unknown = table["user"].to_list(), table["idx"].to_numpy(), []
     else:
         code_of = dict(zip(table["user"].to_list(), table["idx"].to_list(), strict=True))
-        unknown = [u for u in users if u not in code_of]
-        names = [u for u in dict.fromkeys(users) if u in code_of]
+        asked = list(dict.fromkeys(users))
+        unknown = [u for u in asked if u not in code_of]
+        names = [u for u in asked if u in code_of]
         codes = np.array([code_of[u] for u in names], dtype=np.int64)
     starts, lengths = data.offsets[codes], data.offsets[codes + 1] - data.offsets[codes]
     at = _ranges(starts, lengths)
     raw = data.item_table.sort("idx")["item"]
     items = np.concatenate([[0], _catalogue_indices(rec, raw)])[data.items[at]]  # dataset index -> catalogue's
     events: dict[str, np.ndarray] = {}
-    if (data.path / "events.parquet").exists():
-        frame = pl.read_parquet(data.path / "events.parquet")
-        events = {c: frame[c].cast(pl.Float64, strict=False).to_numpy()[at] for c in frame.columns
-                  if frame[c].dtype.is_numeric()}
+    wanted = _event_columns(rec)
+    if wanted and (data.path / "events.parquet").exists():
+        have = pl.read_parquet_schema(data.path / "events.parquet")
+        frame = pl.read_parquet(data.path / "events.parquet", columns=[c for c in wanted if c in have])
+        events = {c: frame[c].cast(pl.Float64, strict=False).to_numpy()[at] for c in frame.columns}
     out = _histories(names, lengths, items, None if data.times is None else data.times[at], events)
     out.unknown_users = unknown
     return out
@@ -140,16 +152,21 @@ def from_dataset(rec: Recommender, data: PreparedDataset, users: Sequence[str] |
 
 def from_log(rec: Recommender, frame: pl.DataFrame) -> Histories:
     """A log as `seqrec.data.readers_table.read_table` gives it (user, item, timestamp and event columns):
-    users in the order they first appear, each one's events by time (file order for equal or no times)."""
-    frame = frame.with_row_index("_row")
+    users in the order they first appear, each one's events by time (file order for equal or no times). A
+    column of one of the model's event features must be numeric."""
+    frame = frame.with_columns(pl.col("user").cast(pl.Utf8), pl.col("item").cast(pl.Utf8)).with_row_index("_row")
     first = frame.select("user").unique(maintain_order=True).with_row_index("_user")
     timed = bool(frame["timestamp"].is_not_null().any())
     frame = frame.join(first, on="user").sort(["_user", "timestamp", "_row"] if timed else ["_user", "_row"],
                                               nulls_last=True)
     lengths = frame.group_by("_user", maintain_order=True).len()["len"].to_numpy().astype(np.int64)
-    takes = set(rec.model.event_feature_names())
-    events = {c: frame[c].cast(pl.Float64, strict=False).to_numpy() for c in frame.columns
-              if c in takes and frame[c].dtype.is_numeric()}
+    events = {}
+    for c in (c for c in _event_columns(rec) if c in frame.columns):
+        try:
+            events[c] = frame[c].cast(pl.Float64, strict=True).to_numpy()
+        except pl.exceptions.PolarsError:
+            bad = frame[c].filter(frame[c].cast(pl.Float64, strict=False).is_null() & frame[c].is_not_null())[0]
+            raise SeqrecError(f"column {c!r} (an event feature of the model) holds {bad!r}, not a number") from None
     return _histories(first["user"].to_list(), lengths, _catalogue_indices(rec, frame["item"]),
                       frame["timestamp"].to_numpy() if timed else None, events)
 
@@ -158,20 +175,19 @@ def recommend_histories(rec: Recommender, hist: Histories, k: int = 10, exclude_
                         batch_size: int = 1024) -> pl.DataFrame:
     """Top-k of every history: one row per (user, rank), users in their order, with the item, its score and
     (when the catalogue has titles) its title. A user whose history leaves fewer than k items (with
-    `exclude_seen`) gets fewer. Histories are encoded shortest first, so that a batch is padded to about
-    its own length rather than to the longest history's (most users have short ones)."""
+    `exclude_seen`) gets fewer, none when nothing is left. Histories are encoded shortest first, so that a
+    batch is padded to about its own length (and an ANN search excludes about as many items per query)."""
     rec.check_k(k)
     if batch_size < 1:
         raise SeqrecError(f"batch size must be >= 1, got {batch_size}")
     with_events = bool(rec.model.event_feature_names())
     input_table = getattr(rec.model, "input_table", None)  # a text model's adaptor, run once for the whole job
     with torch.no_grad():
-        table = None if input_table is None else input_table()
-    cols: dict[str, list] = {"_row": [], "rank": [], "item": [], "score": [], "title": []}
-    order = np.argsort([min(len(h), rec.max_len) for h in hist.items], kind="stable")
-    started, n = time.perf_counter(), len(order)
-    for lo in range(0, n, batch_size):
-        rows = order[lo: lo + batch_size].tolist()
+        table = input_table() if input_table is not None and rec.engine == "torch" else None
+    order = np.argsort([len(h) for h in hist.items], kind="stable")
+    parts = []
+    for lo in tqdm(range(0, len(order), batch_size), desc="top-k", unit="batch", disable=None, leave=False):
+        rows = order[lo: lo + batch_size]
         items = [hist.items[r].tolist() for r in rows]
         events = None
         if with_events:
@@ -179,19 +195,21 @@ def recommend_histories(rec: Recommender, hist: Histories, k: int = 10, exclude_
                                          {name: v[r] for name, v in hist.events.items()})
                       for r, h in zip(rows, items, strict=True)]
         states, batch = rec.encode(items, events, table)
-        found = rec.top_k(states, batch.items, k, [h if exclude_seen else None for h in items])
-        for r, recs in zip(rows, found, strict=True):
-            cols["_row"] += [r] * len(recs)
-            cols["rank"] += range(1, len(recs) + 1)
-            cols["item"] += [x.item for x in recs]
-            cols["score"] += [x.score for x in recs]
-            cols["title"] += [x.title for x in recs]
-        if (lo // batch_size) % 20 == 19:
-            done = lo + len(rows)
-            log.info("%d of %d users (%.0f users/s)", done, n, done / (time.perf_counter() - started))
-    frame = pl.DataFrame(cols, schema={"_row": pl.Int64, "rank": pl.Int32, "item": pl.Utf8, "score": pl.Float32,
-                                       "title": pl.Utf8}).sort("_row", "rank")
-    users = pl.Series("user", hist.users, dtype=pl.Utf8)
-    frame = frame.select(users.gather(frame["_row"]), "rank", "item", "score", "title")
-    has_titles = any(t is not None for t in rec.titles or [])
-    return frame if has_titles else frame.drop("title")
+        found = rec.top_k_indices(states, batch.items, k, [h if exclude_seen else None for h in items])
+        counts = np.array([len(i) for _, i in found], dtype=np.int64)
+        parts.append(pl.DataFrame({
+            "_row": np.repeat(rows, counts),
+            "rank": (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + 1),
+            "_idx": torch.cat([i for _, i in found]).cpu().numpy().astype(np.int64),
+            "score": torch.cat([v for v, _ in found]).float().cpu().numpy(),
+        }, schema={"_row": pl.Int64, "rank": pl.Int32, "_idx": pl.Int64, "score": pl.Float32}))
+    found_rows = pl.concat(parts) if parts else pl.DataFrame(schema={"_row": pl.Int64, "rank": pl.Int32,
+                                                                     "_idx": pl.Int64, "score": pl.Float32})
+    found_rows = found_rows.sort("_row", "rank")
+    catalogue = pl.DataFrame({"item": rec.catalogue.raw_ids, "title": rec.titles},
+                             schema={"item": pl.Utf8, "title": pl.Utf8})
+    at = found_rows["_idx"] - 1
+    frame = pl.DataFrame([pl.Series("user", hist.users, dtype=pl.Utf8).gather(found_rows["_row"]),
+                          found_rows["rank"], catalogue["item"].gather(at), found_rows["score"],
+                          catalogue["title"].gather(at)])
+    return frame if catalogue["title"].is_not_null().any() else frame.drop("title")

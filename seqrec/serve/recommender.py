@@ -147,6 +147,11 @@ class Recommender(LiveCatalogue):
     # -- the catalogue -------------------------------------------------------------------------------
 
     @property
+    def engine(self) -> str:
+        """What encodes histories: "onnx" (ONNX Runtime) or "torch"."""
+        return "torch" if self._onnx is None else "onnx"
+
+    @property
     def n_items(self) -> int:
         """The number of items in the catalogue (added ones included)."""
         return self.catalogue.n_items
@@ -247,6 +252,14 @@ class Recommender(LiveCatalogue):
         """Best k per state (B, D), in one search; `windows` (B, L) the items each state has seen (for
         the history bias); `k` one for all rows or one per row; `exclude` per row, item indices never
         returned (e.g. the whole history) or None."""
+        return [self._results(v.tolist(), i.tolist()) for v, i in self.top_k_indices(states, windows, k, exclude)]
+
+    @torch.no_grad()
+    def top_k_indices(self, states: torch.Tensor, windows: torch.Tensor, k: int | Sequence[int],
+                      exclude: Sequence[Sequence[int] | None] | None = None
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`top_k` as (scores, item indices) per row, best first, without the objects (batch jobs); a row
+        may hold fewer than k where fewer items are left."""
         ks = [k] * len(states) if isinstance(k, int) else list(k)
         for kk in ks:
             self.check_k(kk)
@@ -276,7 +289,9 @@ class Recommender(LiveCatalogue):
                 v, i = torch.cat([v, exact[alive].to(v.device)]), torch.cat([i, s[alive].to(i.device)])
                 top = torch.topk(v, min(ks[r], len(v)))
                 v, i = top.values, i[top.indices]
-            out.append(self._results(v[: ks[r]].tolist(), i[: ks[r]].tolist()))
+            v, i = v[: ks[r]], i[: ks[r]]
+            found = (i > 0) & (v > -float("inf"))
+            out.append((v[found], i[found]))
         return out
 
     def _exact(self, state: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
