@@ -193,3 +193,29 @@ def test_session_steps_equal_recommend_on_each_prefix(page: Page, server: str) -
         expect(step).to_contain_text("KV cache")  # UniSRec with positions from the start extends its cache
         shown = [line.split(" ")[0] for line in step.locator("ol li").all_inner_texts()]
         assert shown == _recommend(server, events[:n], k=4), n
+    # "New session" ends this one on the server (it filled --max-sessions until it expired)
+    session = page.locator("#session-status").inner_text().split()[1].rstrip(":")
+    assert httpx.get(f"{server}/sessions/{session}", timeout=10.0).status_code == 200
+    page.locator("#session-reset").click()
+    expect(page.locator("#session-status")).to_contain_text("new session")
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server}/sessions/{session}", timeout=10.0).status_code != 404:
+        assert time.monotonic() < deadline, f"session {session} still there after New session"
+        time.sleep(0.1)
+
+
+def test_the_api_page_needs_no_internet(browser: Browser, server: str) -> None:
+    """/docs renders the OpenAPI schema from files the service itself serves: every request the page makes
+    goes to the service (FastAPI's own page loads Swagger UI from a CDN: blank without internet)."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    elsewhere: list[str] = []
+    page.on("request", lambda req: elsewhere.append(req.url) if not req.url.startswith(server) else None)
+    try:
+        page.goto(f"{server}/docs")
+        expect(page.locator(".opblock-summary-path", has_text="/recommend").first).to_be_visible()
+        page.screenshot(path=str(SHOTS / "api_docs.png"), full_page=False)
+    finally:
+        context.close()
+    assert not elsewhere, elsewhere

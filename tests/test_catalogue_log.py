@@ -395,3 +395,22 @@ def test_removing_a_removed_item_again_writes_no_line(runs: dict[str, Path], tmp
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line.get("ids") for line in lines[1:]] == [["i3"], ["i3", "i4"]]
     rec.close_log()
+
+
+def test_a_log_without_a_first_line_naming_its_catalogue_is_replayed_with_a_warning(
+        runs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A walk-through replayed a hand-written log onto a run without a word: its changes cannot be checked
+    against the run's items, and the log says so."""
+    path = tmp_path / "catalogue.jsonl"
+    path.write_text('{"op": "remove", "ids": ["i5"]}\n')
+    rec = Recommender.from_run(runs["sasrec"])
+    with caplog.at_level("WARNING", logger="seqrec.serve.catalogue_log"):
+        rec.keep_log(path)
+    assert not rec.catalogue.is_active(rec.index["i5"])
+    assert "its first line does not name the catalogue it was written for" in caplog.text
+    rec.close_log()
+    caplog.clear()
+    again = Recommender.from_run(runs["sasrec"])
+    with caplog.at_level("WARNING", logger="seqrec.serve.catalogue_log"):
+        again.keep_log(tmp_path / "new.jsonl")  # a log it starts itself has the line
+    assert "does not name" not in caplog.text

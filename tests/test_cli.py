@@ -161,12 +161,16 @@ def test_a_cuda_device_where_there_is_none_is_a_one_line_error(home: Path, capsy
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
         "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
-    for argv in (["train", "--dataset", "toy", "--set", 'train.device="cuda"', "--out", str(home / "r")],
-                 ["serve", str(home / "r"), "--device", "cuda:1"]):
+    for argv, named in ((["train", "--dataset", "toy", "--set", 'train.device="cuda"', "--out", str(home / "r")],
+                         "train.device 'cuda'"),
+                        (["serve", str(home / "r"), "--device", "cuda:1"], "--device 'cuda:1'"),
+                        (["recommend", str(home / "r"), "--history", "i1", "--device", "cuda"], "--device 'cuda'")):
         (home / "r").mkdir(exist_ok=True)
         code, _, err = run(capsys, *argv)
-        assert code == 2 and err.startswith("seqrec: error: device 'cuda") and len(err.strip().splitlines()) == 1
+        assert code == 2 and err.startswith(f"seqrec: error: {named}") and len(err.strip().splitlines()) == 1, err
         assert "(use cpu, or auto" in err
+    code, _, err = run(capsys, "serve", str(home / "r"), "--device", "tpu")
+    assert code == 2 and "--device: 'tpu' is not a device" in err, err  # the flag, not train.device
 
 
 def test_a_run_folder_is_never_mixed_with_another_run(home: Path, capsys: pytest.CaptureFixture[str],

@@ -90,7 +90,7 @@ def test_torchrun_trains_synchronised_replicas(model: str, extra: str, tiny_data
 
 @pytest.mark.parametrize(("setting", "message"), [
     ("train.batch_size=100000", "1 training batch(es) an epoch for 2 processes"),  # each would step nothing
-    ("train.device=cuda", "device 'cuda'"),  # it trained on the CPU and config.json said cuda
+    ("train.device=cuda", "train.device 'cuda'"),  # it trained on the CPU and config.json said cuda
 ])
 def test_torchrun_refuses_what_it_cannot_train(setting: str, message: str, tiny_dataset: PreparedDataset,
                                                tmp_path: Path) -> None:

@@ -438,6 +438,27 @@ def test_a_body_that_is_not_utf8_is_named(runs: dict[str, Path]) -> None:
     assert r.status_code in (400, 422) and "UTF-8" in r.json()["error"], r.text
 
 
+@pytest.mark.parametrize(("body", "status", "message"), [
+    ('{"history": ' + "[" * 50_000 + "]" * 50_000 + "}", 400, "the body's JSON is nested too deeply to read"),
+    ('{"history": [' + "9" * 5_000 + "]}", 400, "an integer with too many digits to read (more than 4300)"),
+    ('{"history": ["i1"], "k": true}', 422, "k: Input should be a valid integer"),
+    ('{"history": ["i1"], "k": 2.0}', 422, "k: Input should be a valid integer"),
+    ('{"history": ["i1"], "exclude_seen": "yes"}', 422, "exclude_seen: Input should be a valid boolean"),
+    ('{"history": ["i1", "i2"], "times": [NaN, 5]}', 422, "times.0: Input should be a finite number"),
+    ('{"history": ["i1"], "events": {"rating": [Infinity]}}', 422, "Input should be a finite number"),
+])
+def test_json_that_would_pass_as_another_value_or_cannot_be_read_is_named(runs: dict[str, Path], body: str,
+                                                                         status: int, message: str) -> None:
+    """A walk-through found valid JSON over the parser's limits called "not UTF-8 JSON", and true taken as
+    k = 1, "yes" as true, NaN as a time."""
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    r = client.post("/recommend", content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == status and message in r.json()["error"], r.text
+    r = client.post("/sessions/s/events", content=b'{"item": "i1", "time": NaN}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "time: Input should be a finite number" in r.json()["error"], r.text
+
+
 def test_a_string_is_not_taken_as_a_list_of_one_character_ids(runs: dict[str, Path]) -> None:
     """recommend("12") ranked for the history ["1", "2"]: a str is a sequence of its characters."""
     from seqrec.errors import SeqrecError

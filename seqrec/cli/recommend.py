@@ -143,7 +143,7 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
     if args.n_probe is not None and args.n_probe < 1:
         raise SeqrecError(f"--n-probe must be >= 1, got {args.n_probe}")
     options = {} if args.n_probe is None else {"n_probe": args.n_probe}
-    device = str(pick_device(args.device))  # one that is not there is a one-line error here, not a traceback
+    device = str(pick_device(args.device, "--device"))  # one that is not there: a one-line error
     args.run = str(zero_shot_run(Path(args.run), args.dataset, device))
     rec = Recommender.from_run(args.run, device=device, index=index, **options)
     if args.new_item:

@@ -94,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           "there is a restart)")
     from seqrec.train.loop import pick_device
 
-    args.device = str(pick_device(args.device))  # one that is not there is a one-line error here, not a traceback
+    args.device = str(pick_device(args.device, "--device"))  # one that is not there: a one-line error
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):
         raise SeqrecError(f"--session-ttl must be a finite number of seconds > 0, got {args.session_ttl}")
     for flag, path in (("--catalogue-log", args.catalogue_log), ("--session-store", args.session_store)):
@@ -206,7 +206,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--dataset", help="with a pre-training run: the prepared dataset whose catalogue it serves "
                    "zero-shot (through the items' text alone)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     s.add_argument("--public", action="store_true", help="allow a non-loopback --host")
     s.add_argument("--index", choices=["exact", "hnsw", "ivf"], default="exact",
                    help="top-k retrieval: exact scoring, or a FAISS HNSW / IVF index")
@@ -226,9 +226,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="what encodes histories: the PyTorch model, or its encoder exported to ONNX and run by "
                         "ONNX Runtime (on the CPU; fewer microseconds per request); auto: onnx where it can, "
                         "else torch")
-    s.add_argument("--max-sessions", type=int, default=10_000)
-    s.add_argument("--session-events", type=int, default=1_000, help="most events in one session")
-    s.add_argument("--session-ttl", type=float, default=1800.0, help="seconds before an idle session ends")
+    s.add_argument("--max-sessions", type=int, default=10_000,
+                   help="live sessions at most; one more is a 429 with Retry-After (default 10,000)")
+    s.add_argument("--session-events", type=int, default=1_000,
+                   help="most events in one session; one more is a 409 (default 1,000)")
+    s.add_argument("--session-ttl", type=float, default=1800.0,
+                   help="seconds before an idle session ends (default 1800)")
     s.add_argument("--session-store", metavar="FILE",
                    help="keep the sessions' events in this SQLite file (created if absent), which every worker "
                         "shares; sessions then outlive a restart until they idle out (default: in memory with "
@@ -237,10 +240,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="keep the live catalogue's changes (items added or replaced by text, items removed) in "
                         "this JSON-lines file: replayed at start, appended to before each change is answered, "
                         "and followed for the changes other workers (or services on the same file) make")
-    s.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body; a larger one is a 413 (default 1 MiB; a history holds at most "
+                        "10,000 items whatever the size)")
     s.add_argument("--max-queue", type=int, default=1024,
                    help="/recommend requests and session events that may wait for the model; more are answered "
-                        "503 (Retry-After)")
+                        "503 (Retry-After) (default 1,024)")
     s.set_defaults(fn=cmd_serve)
     c = sub.add_parser("compact-log", help="rewrite a catalogue log (serve --catalogue-log) as the fewest lines "
                                            "that replay to the same catalogue, services keeping it or not")

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 from seqrec.errors import SeqrecError
@@ -83,12 +84,22 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def _unparsed(cause: BaseException | None) -> str:
+    """Why a body the framework could not parse was refused (the parser's error is the HTTPException's cause):
+    JSON nested deeper than the parser goes, an integer too long to convert, or not UTF-8 JSON text."""
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply to read"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return "the body holds an integer with too many digits to read (more than 4300)"
+    return "the body could not be read as JSON text: it must be UTF-8 encoded JSON"
+
+
 def _framework_message(request: Request, exc: HTTPException) -> str | None:
     """What the framework's own bare errors mean here: a route's 404 / 405, a body it could not decode
     (None for the endpoints' own errors)."""
     path = request.url.path
     if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
-        return "the body could not be read as JSON text: it must be UTF-8 encoded JSON"
+        return _unparsed(exc.__cause__)
     if exc.status_code == 405 and exc.detail == "Method Not Allowed":
         return f"{request.method} is not an operation on {path} (the API is listed at /docs)"
     if exc.status_code != 404 or exc.detail != "Not Found":
@@ -108,8 +119,10 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     processes serving one port share (None: in this process's memory). `catalogue_writable` is off when
     they share no catalogue log (each would hold its own catalogue). `metrics_folder`: where those
     workers pool their request counts, so that /metrics is the service's (None: this process's)."""
-    app = FastAPI(title="seqrec", version=_version(),
-                  description="Sequential recommendation: top-k next items for a history of raw item ids.")
+    # /docs from the Swagger UI files packaged with fastapi-offline: FastAPI's own page loads them from a CDN,
+    # which a service on a network without internet access cannot reach (a blank page)
+    app = FastAPIOffline(title="seqrec", version=_version(),
+                         description="Sequential recommendation: top-k next items for a history of raw item ids.")
     sessions = Sessions(rec, max_sessions, session_events, session_ttl_s, store=session_store)
     batcher = Batcher(rec, max_queue=max_queue)  # all model work on its one thread; /recommend requests batched
 

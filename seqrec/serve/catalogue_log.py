@@ -350,6 +350,10 @@ class CatalogueLog:
                     self._check_catalogue(record, where, first=not (self._headed or self._changes or records))
                     self._headed = True
                 else:
+                    if not (self._headed or self._changes or records):
+                        log.warning("%s: its first line does not name the catalogue it was written for (a log "
+                                    "written by hand, or by an older seqrec): its changes are made without checking "
+                                    "that they belong to this run's items", self.path)
                     records.append((number, record))
         except SeqrecError as exc:
             self._fail(str(exc))

@@ -18,16 +18,23 @@ ItemId = Annotated[str, BeforeValidator(_integer_id),
                          "decimal string)")]
 
 
+# no coercion where a client's mistake would pass as another value: `true` is not k = 1, "yes" is not a
+# boolean, and NaN / Infinity (not JSON, though Python's parser takes them) are no time or rating
+K = Annotated[int, Field(ge=1, le=1000, strict=True)]
+Flag = Annotated[bool, Field(strict=True)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class RecommendRequest(Strict):
     history: list[ItemId] = Field(min_length=1, max_length=10_000, description="raw item ids, oldest first")
-    k: int = Field(10, ge=1, le=1000)
-    exclude_seen: bool = False
-    times: list[float] | None = Field(None, max_length=10_000, description="seconds, one per history item")
-    events: dict[Annotated[str, Field(max_length=200)], Annotated[list[float], Field(max_length=10_000)]] | None = (
+    k: K = 10
+    exclude_seen: Flag = False
+    times: list[Finite] | None = Field(None, max_length=10_000, description="seconds, one per history item")
+    events: dict[Annotated[str, Field(max_length=200)], Annotated[list[Finite], Field(max_length=10_000)]] | None = (
         Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
     unknown: Literal["error", "skip"] = Field("error", description=(
         "an id the catalogue does not hold: a 404 (error), or left out of the history (and candidates) and "
@@ -41,8 +48,8 @@ class RecommendRequest(Strict):
 class BatchRequest(Strict):
     histories: list[Annotated[list[ItemId], Field(min_length=1, max_length=10_000)]] = Field(
         min_length=1, max_length=1000)
-    k: int = Field(10, ge=1, le=1000)
-    exclude_seen: bool = False
+    k: K = 10
+    exclude_seen: Flag = False
     unknown: Literal["error", "skip"] = Field("error", description="as in /recommend, for each history")
 
 
@@ -100,10 +107,10 @@ class ItemInfo(BaseModel):
 
 class EventRequest(Strict):
     item: ItemId
-    k: int = Field(10, ge=1, le=1000)
-    exclude_seen: bool = False
-    time: float | None = Field(None, description="the event's time, seconds (for gap and hour features)")
-    values: dict[Annotated[str, Field(max_length=200)], float] | None = Field(
+    k: K = 10
+    exclude_seen: Flag = False
+    time: Finite | None = Field(None, description="the event's time, seconds (for gap and hour features)")
+    values: dict[Annotated[str, Field(max_length=200)], Finite] | None = Field(
         None, max_length=64, description="the event's feature values by name (e.g. rating)")
 
 

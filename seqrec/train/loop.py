@@ -53,19 +53,21 @@ from seqrec.train.transfer import Origin, interpolate_best, mix
 log = logging.getLogger(__name__)
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, setting: str = "train.device") -> torch.device:
+    """The torch device `name` names (auto: CUDA where there is one); one that is not there is a one-line
+    error naming the `setting` it came from (a config key, or a flag such as --device)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise SeqrecError(f"train.device: {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
+        raise SeqrecError(f"{setting}: {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-            raise SeqrecError(f"device {name!r}: {why} (use cpu, or auto: CUDA where there is one)")
+            raise SeqrecError(f"{setting} {name!r}: {why} (use cpu, or auto: CUDA where there is one)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise SeqrecError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA device(s)")
+            raise SeqrecError(f"{setting} {name!r}: there are {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
