@@ -63,7 +63,7 @@ def _arguments(parser: argparse.ArgumentParser) -> list[str]:
         return []
     lines = ["| argument | default | meaning |", "|---|---|---|"]
     for a in rows:
-        meaning = (a.help or "") + (" (required)" if a.required and a.option_strings else "")
+        meaning = (a.help or "").replace("%%", "%") + (" (required)" if a.required and a.option_strings else "")
         lines.append(f"| {_cell(_flag(a))} | {_cell(_default(a))} | {_cell(meaning)} |")
     return lines
 

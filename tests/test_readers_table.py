@@ -171,3 +171,25 @@ def test_json_ids_that_are_not_strings_or_numbers_are_refused_by_line(tmp_path: 
         read_table(numbers, "u", "i")
     text = write(tmp_path / "s.jsonl", '{"u": "a", "i": "true"}\n{"u": "a", "i": "x"}\n')  # the string "true" is an id
     assert read_table(text, "u", "i").interactions.frame["item"].to_list() == ["true", "x"]
+
+
+def test_ids_that_often_mean_missing_are_kept_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A walk-through's export had "NA" as the user of 7,681 rows: one giant user, without a word."""
+    path = tmp_path / "log.csv"
+    path.write_text("u,i\nNA,a\nNA,b\nu1,a\nu1,null\n")
+    with caplog.at_level("WARNING", logger="seqrec.data.readers_table"):
+        frame = read_table(path, "u", "i").interactions.frame
+    assert frame["user"].to_list() == ["NA", "NA", "u1", "u1"]  # kept: it may be a real id
+    assert "2 row(s) have the user id 'NA' in column 'u', which often stands for a missing value" in caplog.text
+    assert "1 row(s) have the item id 'null' in column 'i'" in caplog.text
+
+
+def test_an_event_column_of_text_is_kept_but_text_among_numbers_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"u": "a", "i": "x", "device": "phone"}\n{"u": "a", "i": "y", "device": "tv"}\n')
+    frame = read_table(path, "u", "i", extra_cols=["device"]).interactions.frame
+    assert frame["device"].to_list() == ["phone", "tv"]  # a category: kept as text
+    path = tmp_path / "log.csv"
+    path.write_text("u,i,rating\na,x,5\na,y,\na,z,high\n")
+    with pytest.raises(SeqrecError, match=r"log\.csv, line 4: column 'rating' holds 'high' among numbers"):
+        read_table(path, "u", "i", extra_cols=["rating"])

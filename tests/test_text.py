@@ -108,7 +108,8 @@ def test_cache_is_reused_when_unchanged_and_rebuilt_when_a_key_changes(
 
 
 def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: PreparedDataset, encoder_dir: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
     titles = tiny_dataset.item_table["title"].to_list()
     titles[4] = None
     tiny_dataset.item_table.with_columns(title=pl.Series(titles)).write_parquet(tiny_dataset.path / "items.parquet")
@@ -130,8 +131,13 @@ def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: Prepa
     assert by_id[5].norm() > 0 and not torch.allclose(by_id[5], mean[5])
     # for more, the vectors `seqrec text encode --missing id` built serve "auto" (id before mean)
     monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)
-    taken = text_embeddings(data, replace(base, missing="auto"))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="seqrec.data.text"):
+        taken = text_embeddings(data, replace(base, missing="auto"))
     assert taken.reused and torch.equal(taken.emb, by_id)
+    # ... and says so, as a warning: a cache written by another command (finetune from a recipe with
+    # text_missing="id") made a catalogue without text pass without a word
+    assert "have no text (e.g. " in caplog.text and "takes the vectors `seqrec text encode --missing id`" in caplog.text
 
 
 def test_cache_follows_the_encoder_files_not_where_they_are_installed(

@@ -154,11 +154,13 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     assert [d["path"] for d in card["domains"]] == [str(b)] and card["recipe"] == str(recipe)
     assert card["domains"][0]["users"] == 40 and card["text_encoder"]["encoder"] == str(enc)
     zs = tmp_path / "zs"
-    out = run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
+    out = run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs),
+              "--set", "train.epochs=2", "--set", "train.lr=0.1")
+    assert "(note: zero-shot trains nothing: train.epochs, train.lr not used)" in out
     results = json.loads((zs / "results.json").read_text())
     assert results["epochs_run"] == 0 and "zero-shot" in results["protocol"]["model_selection"]
     direct = run(capsys, "evaluate", str(pre), "--dataset", str(a))
-    assert out.split("\n", 1)[1] == direct  # the same metrics, printed the same way
+    assert out.split("\n", 2)[2] == direct  # the same metrics, printed the same way (after the note and run lines)
     assert "Item number" in run(capsys, "recommend", str(zs), "--user", "u1", "-k", "3")
     assert main(["evaluate", str(pre)]) == 2
     assert "pre-training run" in capsys.readouterr().err

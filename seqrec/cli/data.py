@@ -221,8 +221,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pr = data.add_parser("prepare", help="raw files -> a prepared-dataset folder")
     pr.add_argument("name", nargs="?", help="a known dataset name (see the catalog), or the output name")
     pr.add_argument("--source", help="folder holding the known dataset's files")
-    pr.add_argument("--format", help="csv, tsv, parquet, jsonl, movielens, recbole, recbole-seq, unisrec, s3rec, "
-                    "lcrec, diginetica")
+    pr.add_argument("--format", help="csv, tsv, parquet, jsonl, table (one of those four, by the file's suffix), "
+                    "movielens, recbole, recbole-seq, unisrec, s3rec, lcrec, diginetica")
     pr.add_argument("--path", help="input file or folder for --format")
     pr.add_argument("--user-col", help="the log's user id column")
     pr.add_argument("--item-col", help="the log's item id column")

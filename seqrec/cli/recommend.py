@@ -182,6 +182,8 @@ def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
                 raise SeqrecError(f"--event {name.strip()} is given twice")
             events[name.strip()] = [number(v, f"--event {name.strip()}") for v in values.replace(",", " ").split()]
         rec.check_event_names(list(events))
+        if times is not None and not set(rec.model.event_feature_names()) & {"gap", "hour"}:
+            raise SeqrecError("--times: this model reads no time features (gap, hour); leave --times out")
     candidates = id_list(args.candidates, "--candidates") if args.candidates is not None else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)

@@ -110,6 +110,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
     if args.setting == "zero-shot" and args.transfer != "all":
         raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")
+    unused = sorted({f"train.{k}" for k in raw.get("train", {}) if k != "device"})
+    if args.setting == "zero-shot" and unused:
+        print(f"(note: zero-shot trains nothing: {', '.join(unused)} not used)")
     origin = Origin.of(pretrained, args.transfer)
     model = None if args.setting == "zero-shot" else origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")

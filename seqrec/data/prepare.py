@@ -154,6 +154,10 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
             f"{source}: the input is pre-split; filtering or another split would change its split "
             "(leave --kcore, --dedupe and --split at their defaults: kcore=0, dedupe=none, leave-one-out)"
         )
+    if not presplit and options.split == "leave-one-out" and options.min_user_len < 3:
+        raise SeqrecError(f"{source}: leave-one-out holds out each user's last two events (validation, test) and "
+                          f"trains on the ones before, so a user needs at least 3: --min-user-len must be >= 3, got "
+                          f"{options.min_user_len} (its users would be tested on an empty history)")
     if options.split == "time" and frame["timestamp"].null_count():
         raise SeqrecError(f"{source}: a time split needs timestamps (--time-col), and "
                           f"{frame['timestamp'].null_count()} of {frame.height} events have none")

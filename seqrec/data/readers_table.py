@@ -33,6 +33,7 @@ SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TableKind = Literal["csv", "parquet", "jsonl"]
+NULL_LIKE = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "none")  # ids that may mean "missing"
 TAB_NAMES = ("\\t", "tab")  # a tab as typed on a command line: the escape `\t` (two characters) or the word
 
 
@@ -278,6 +279,8 @@ def read_table(
     (CSV-like when `sep` is given)."""
     table = TableFile.of(Path(path), sep, kind=kind)
     path = table.path
+    if user_col == item_col:
+        raise SeqrecError(f"{table.path}: the user and the item column are both {user_col!r}")
     extra = [c for c in extra_cols if c not in (user_col, item_col, time_col)]
     wanted = list(dict.fromkeys([user_col, item_col, *([time_col] if time_col else []), *extra]))
     available = table.columns()
@@ -299,9 +302,37 @@ def read_table(
             else pl.Series([None] * raw.height, dtype=pl.Float64)
         ),
     }
+    for role in ("user", "item"):
+        _warn_null_like(columns[role], role, user_col if role == "user" else item_col, table)
+    for col in extra:
+        _check_numbers(raw[col], col, table)
     frame = pl.DataFrame(columns).with_columns(raw.select(extra))
     log.info("read %s: %d interactions", path, frame.height)
     return make_dataset(frame, None, name or path.stem, path)
+
+
+def _warn_null_like(ids: pl.Series, role: str, column: str, table: TableFile) -> None:
+    """An id such as "NA" or "null" is often an export's missing value: its rows would make one user (or item)
+    of everything that had none. Kept (it may be a real id), with a warning naming it and its rows."""
+    counts = ids.filter(ids.is_in(NULL_LIKE)).value_counts(sort=True)
+    for value, n in counts.iter_rows():
+        log.warning("%s: %d row(s) have the %s id %r in column %r, which often stands for a missing value; they "
+                    "are kept as one %s (drop those rows first if it is missing)", table.path, n, role, value,
+                    column, role)
+
+
+def _check_numbers(values: pl.Series, column: str, table: TableFile) -> None:
+    """An event column read as text because a few of its values are not numbers (a rating of "good" among
+    5s) would be dropped by the features that read numbers: the first such value is named. A column of text
+    throughout (a category) is kept as it is; an empty value is missing."""
+    if values.dtype != pl.Utf8:
+        return
+    numbers = values.str.strip_chars().cast(pl.Float64, strict=False)
+    bad = (numbers.is_null() & values.is_not_null()).arg_true()
+    if bad.len() and numbers.is_not_null().any():
+        row = int(bad[0])
+        raise SeqrecError(f"{table.row_label(row)}: column {column!r} holds {values[row]!r} among numbers; an event "
+                          "value is a number (or empty: missing)")
 
 
 def missing_columns(table: TableFile, missing: list[str], available: list[str]) -> str:

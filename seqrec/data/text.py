@@ -255,6 +255,10 @@ def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTe
     if n and policy == "error":
         raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); pass a template that "
                           "covers them or choose a fallback: " + FALLBACK)
+    if policy in ("id", "mean") and n / max(1, len(texts)) > AUTO_MISSING_SHARE:  # chosen, here or in the cache
+        log.warning("%d of %d items (%.1f%%) have no text (e.g. %s): they get %s, which says nothing about them; a "
+                    "text model learns little on this catalogue", n, len(texts), 100 * n / max(1, len(texts)), shown,
+                    "the text 'item <id>'" if policy == "id" else "the mean text vector")
     filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
     return filled, missing, policy
 
@@ -284,8 +288,10 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
         for chosen in ("id", "mean"):
             found, _, _ = _cached(folder, replace(options, missing=chosen), texts, missing)
             if found is not None:
-                log.info("%d items have no text: text_missing='auto' takes the vectors built with missing=%r",
-                         int(missing.sum()), chosen)
+                n, shown = _without_text(missing, raw_ids)
+                log.warning("%d of %d items (%.1f%%) have no text (e.g. %s): text_missing='auto' takes the vectors "
+                            "`seqrec text encode --missing %s` (or a run with text_missing=%r) built for them",
+                            n, len(raw_ids), 100 * n / len(raw_ids), shown, chosen, chosen)
                 return _reuse(found)
         raise _too_many_missing(missing, raw_ids)
     options = replace(options, missing=policy)  # what applied is what the cache key records
