@@ -151,6 +151,41 @@ def test_recommender_index_path_matches_exact_with_a_history_bias(tiny_dataset: 
     assert top.item == "i3"  # beta[0] = +20: the newest item comes back first
 
 
+def test_a_batch_of_top_k_equals_every_item_scored_with_its_offsets(tiny_dataset: PreparedDataset,
+                                                                    tmp_path: Path) -> None:
+    """Recommender.top_k_indices merges each window's items, scored with their summed offsets, into the
+    search for a whole batch at once: against every item scored by hand (h . v_i + b_i + the offsets of
+    the positions holding i), with repeats in a window, a removed item, and a row that excludes its own."""
+    from seqrec.serve import Recommender
+    from seqrec.train.checkpoint import save_checkpoint
+
+    model = sasrec(n_items=tiny_dataset.n_items, max_len=8)
+    with torch.no_grad():
+        model.history.theta.copy_(torch.linspace(2.0, -2.0, 8))  # type: ignore[union-attr]
+    save_checkpoint(model, tmp_path / "ckpt", max_len=8, item_table=tiny_dataset.item_table)
+    rec = Recommender.from_run(tmp_path / "ckpt")
+    rec.remove_items(["i5"])
+    histories = [rec.to_indices(h) for h in (["i1", "i2", "i3"], ["i4", "i5", "i4", "i6"], ["i7"] * 3, ["i2", "i9"])]
+    states, batch = rec.encode(histories)
+    n = rec.catalogue.n_active
+    found = rec.top_k_indices(states, batch.items, n, [None, None, None, histories[3]])
+    offsets = rec.model.history_offsets(batch.items)
+    vectors, bias = rec.catalogue.vectors, rec.catalogue.bias
+    for r, (values, ids) in enumerate(found):
+        want = states[r].float() @ vectors.T + (0 if bias is None else bias)
+        if r < 3:
+            for pos, item in enumerate(batch.items[r].tolist()):
+                want[item] += offsets[r, pos] if item else 0.0
+        want[0] = -torch.inf
+        want[rec.index["i5"]] = -torch.inf
+        if r == 3:
+            want[histories[3]] = -torch.inf
+        keep = want > -torch.inf
+        assert sorted(ids.tolist()) == sorted(torch.arange(len(want))[keep].tolist()), r
+        torch.testing.assert_close(values, want[ids], atol=1e-5, rtol=0)
+        assert (values[:-1] >= values[1:]).all()
+
+
 def test_history_bias_needs_the_full_softmax_and_whole_sequences() -> None:
     with pytest.raises(SeqrecError, match="history_bias"):
         sasrec(loss="bce")

@@ -265,34 +265,40 @@ class Recommender(LiveCatalogue):
             self.check_k(kk)
         excl = list(exclude) if exclude is not None else [None] * len(states)
         offsets = self.model.history_offsets(windows)
-        seen: list[torch.Tensor | None] = [None] * len(states)  # rows whose window items are scored exactly
-        search_excl = []
-        for r, row in enumerate(excl):
-            if row is not None:
-                search_excl.append(list(row))
-            elif offsets is not None:
-                window = torch.unique(windows[r][windows[r] != 0])
-                seen[r] = window
-                search_excl.append(window.tolist())
-            else:
-                search_excl.append([])
+        # rows whose window items are scored exactly, with their offsets, and merged into what the search finds
+        merge = torch.tensor([offsets is not None and row is None for row in excl], dtype=torch.bool)
+        search_excl = [list(row) if row is not None else
+                       torch.unique(windows[r][windows[r] != 0]).tolist() if merge[r] else []
+                       for r, row in enumerate(excl)]
         values, ids = self.catalogue.retriever.search(states, max(ks), exclude=search_excl if any(search_excl)
                                                       else None)
+        values = values.float()
+        if offsets is not None and bool(merge.any()):
+            exact = self._window_scores(states, windows, offsets).cpu().masked_fill(~merge[:, None], -torch.inf)
+            top = torch.topk(torch.cat([values, exact], dim=1), max(ks), dim=1)
+            values, ids = top.values, torch.cat([ids, windows.cpu()], dim=1).gather(1, top.indices)
         out = []
         for r in range(len(states)):
-            v, i = values[r].float(), ids[r]
-            s = seen[r]
-            if s is not None and offsets is not None:  # merge the window's items, scored with their offsets
-                alive = (torch.tensor([self.catalogue.is_active(int(x)) for x in s], dtype=torch.bool, device=s.device)
-                         if self.catalogue.removed else torch.ones(len(s), dtype=torch.bool, device=s.device))
-                exact = self._exact(states[r], s) + (windows[r][None, :] == s[:, None]).float() @ offsets[r].float()
-                v, i = torch.cat([v, exact[alive].to(v.device)]), torch.cat([i, s[alive].to(i.device)])
-                top = torch.topk(v, min(ks[r], len(v)))
-                v, i = top.values, i[top.indices]
-            v, i = v[: ks[r]], i[: ks[r]]
+            v, i = values[r, : ks[r]], ids[r, : ks[r]]
             found = (i > 0) & (v > -float("inf"))
             out.append((v[found], i[found]))
         return out
+
+    def _window_scores(self, states: torch.Tensor, windows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """(B, L) exact scores of the window items (h . v_i + b_i + the offsets of every position holding i), at
+        each item's first position in its window; -inf at padding, later repeats and removed items."""
+        vectors, bias = self.catalogue.vectors, self.catalogue.bias
+        scores = (vectors[windows] * states.float()[:, None, :]).sum(-1)
+        if bias is not None:
+            scores = scores + bias[windows]
+        same = windows[:, :, None] == windows[:, None, :]  # (B, L, L)
+        scores = scores + torch.bmm(same.float(), offsets.float()[:, :, None]).squeeze(-1)
+        keep = (windows != 0) & ~torch.tril(same, diagonal=-1).any(-1)
+        if self.catalogue.removed:
+            removed = torch.zeros(vectors.shape[0], dtype=torch.bool, device=windows.device)
+            removed[sorted(self.catalogue.removed)] = True
+            keep &= ~removed[windows]
+        return scores.masked_fill(~keep, -torch.inf)
 
     def _exact(self, state: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """(D,) state -> exact scores of items `ids` (n,): h · v_i + b_i."""
