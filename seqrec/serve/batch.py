@@ -195,13 +195,13 @@ def recommend_histories(rec: Recommender, hist: Histories, k: int = 10, exclude_
                                          {name: v[r] for name, v in hist.events.items()})
                       for r, h in zip(rows, items, strict=True)]
         states, batch = rec.encode(items, events, table)
-        found = rec.top_k_indices(states, batch.items, k, [h if exclude_seen else None for h in items])
-        counts = np.array([len(i) for _, i in found], dtype=np.int64)
+        values, ids = rec.top_k_padded(states, batch.items, k, [h if exclude_seen else None for h in items])
+        found = ((ids > 0) & (values > -torch.inf)).numpy()  # a row with fewer items left ends in padding
         parts.append(pl.DataFrame({
-            "_row": np.repeat(rows, counts),
-            "rank": (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + 1),
-            "_idx": torch.cat([i for _, i in found]).cpu().numpy().astype(np.int64),
-            "score": torch.cat([v for v, _ in found]).float().cpu().numpy(),
+            "_row": np.repeat(rows, k)[found.ravel()],
+            "rank": np.tile(np.arange(1, k + 1), len(rows))[found.ravel()],
+            "_idx": ids.numpy()[found].astype(np.int64),
+            "score": values.numpy()[found],
         }, schema={"_row": pl.Int64, "rank": pl.Int32, "_idx": pl.Int64, "score": pl.Float32}))
     found_rows = pl.concat(parts) if parts else pl.DataFrame(schema={"_row": pl.Int64, "rank": pl.Int32,
                                                                      "_idx": pl.Int64, "score": pl.Float32})

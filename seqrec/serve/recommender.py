@@ -258,31 +258,40 @@ class Recommender(LiveCatalogue):
     def top_k_indices(self, states: torch.Tensor, windows: torch.Tensor, k: int | Sequence[int],
                       exclude: Sequence[Sequence[int] | None] | None = None
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """`top_k` as (scores, item indices) per row, best first, without the objects (batch jobs); a row
-        may hold fewer than k where fewer items are left."""
+        """`top_k` as (scores, item indices) per row, best first, without the objects; a row may hold fewer
+        than k where fewer items are left."""
         ks = [k] * len(states) if isinstance(k, int) else list(k)
         for kk in ks:
             self.check_k(kk)
-        excl = list(exclude) if exclude is not None else [None] * len(states)
-        offsets = self.model.history_offsets(windows)
-        # rows whose window items are scored exactly, with their offsets, and merged into what the search finds
-        merge = torch.tensor([offsets is not None and row is None for row in excl], dtype=torch.bool)
-        search_excl = [list(row) if row is not None else
-                       torch.unique(windows[r][windows[r] != 0]).tolist() if merge[r] else []
-                       for r, row in enumerate(excl)]
-        values, ids = self.catalogue.retriever.search(states, max(ks), exclude=search_excl if any(search_excl)
-                                                      else None)
-        values = values.float()
-        if offsets is not None and bool(merge.any()):
-            exact = self._window_scores(states, windows, offsets).cpu().masked_fill(~merge[:, None], -torch.inf)
-            top = torch.topk(torch.cat([values, exact], dim=1), max(ks), dim=1)
-            values, ids = top.values, torch.cat([ids, windows.cpu()], dim=1).gather(1, top.indices)
+        values, ids = self.top_k_padded(states, windows, max(ks), exclude)
         out = []
         for r in range(len(states)):
             v, i = values[r, : ks[r]], ids[r, : ks[r]]
             found = (i > 0) & (v > -float("inf"))
             out.append((v[found], i[found]))
         return out
+
+    @torch.no_grad()
+    def top_k_padded(self, states: torch.Tensor, windows: torch.Tensor, k: int,
+                     exclude: Sequence[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best k of every row as two (B, k) CPU tensors, scores and item indices, best first; where
+        fewer items are left a row ends in -inf scores and index 0 (batch jobs take the tensors whole)."""
+        self.check_k(k)
+        excl = list(exclude) if exclude is not None else [None] * len(states)
+        offsets = self.model.history_offsets(windows)
+        # rows whose window items are scored exactly, with their offsets, and merged into what the search finds
+        merge = torch.tensor([offsets is not None and row is None for row in excl], dtype=torch.bool)
+        seen = windows.tolist() if bool(merge.any()) else []
+        search_excl = [list(row) if row is not None else
+                       list(dict.fromkeys(i for i in seen[r] if i)) if merge[r] else []
+                       for r, row in enumerate(excl)]
+        values, ids = self.catalogue.retriever.search(states, k, exclude=search_excl if any(search_excl) else None)
+        values = values.float()
+        if offsets is not None and bool(merge.any()):
+            exact = self._window_scores(states, windows, offsets).cpu().masked_fill(~merge[:, None], -torch.inf)
+            top = torch.topk(torch.cat([values, exact], dim=1), k, dim=1)
+            values, ids = top.values, torch.cat([ids, windows.cpu()], dim=1).gather(1, top.indices)
+        return values, ids
 
     def _window_scores(self, states: torch.Tensor, windows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """(B, L) exact scores of the window items (h . v_i + b_i + the offsets of every position holding i), at

@@ -219,10 +219,11 @@ class ExactRetriever(Retriever):
             scores.masked_fill_(items.removed, -torch.inf)
         else:  # nothing removed but the padding: one column, not a pass over every score
             scores[:, 0] = -torch.inf
-        for r, drop in enumerate(exclude or []):
-            if drop:
-                at = torch.as_tensor(drop, dtype=torch.long)
-                scores[r, at[(at >= 0) & (at < scores.shape[1])]] = -torch.inf
+        if exclude and any(exclude):  # every row's exclusions in one indexed write
+            cols = torch.as_tensor([i for drop in exclude for i in drop], dtype=torch.long)
+            rows = torch.repeat_interleave(torch.arange(len(exclude)), torch.as_tensor([len(d) for d in exclude]))
+            inside = (cols >= 0) & (cols < scores.shape[1])
+            scores[rows[inside], cols[inside]] = -torch.inf
         kk = min(k, scores.shape[1])
         values, ids = scores.topk(min(kk + 1, scores.shape[1]), dim=1)
         if values.shape[1] > kk:  # a tie across the k-th place is decided by lower id: stable sort of the row
