@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def main() -> None:
               f"time {r['one_at_a_time_ms_median']:.2f} ms median -> {r['speed_up']:.1f}x; "
               f"{r['sample_mismatched']} of {r['sample']} differ; CLI {r['cli_s']:.1f} s", flush=True)
     write_result(OUT, {"runs": results, "threads": args.threads, "machine": machine(), "note": args.note,
-                       "command": "python benchmarks/batch_recommend.py " + " ".join(sys.argv[1:])})
+                       "command": "python benchmarks/batch_recommend.py " + shlex.join(sys.argv[1:])})
 
 
 if __name__ == "__main__":
