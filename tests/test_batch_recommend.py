@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -22,21 +23,33 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Path:
-    """A rated toy log prepared as `toy` (rating kept as an event column)."""
-    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A rated toy log prepared as `toy` (rating kept as an event column), in a home the module shares (each
+    run below is trained once for every test that takes it)."""
+    root = tmp_path_factory.mktemp("batch")
     frame = synthetic_log().interactions.frame.rename({"user": "uid", "item": "iid", "timestamp": "ts"})
-    frame.with_columns((pl.col("ts") % 5 + 1).alias("rating")).write_csv(tmp_path / "log.csv")
-    assert run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(tmp_path / "log.csv"),
-               "--user-col", "uid", "--item-col", "iid", "--time-col", "ts", "--event-cols", "rating")[0] == 0
-    return tmp_path
+    frame.with_columns((pl.col("ts") % 5 + 1).alias("rating")).write_csv(root / "log.csv")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SEQREC_HOME", str(root / "home"))
+        assert main(["data", "prepare", "toy", "--format", "csv", "--path", str(root / "log.csv"), "--user-col",
+                     "uid", "--item-col", "iid", "--time-col", "ts", "--event-cols", "rating"]) == 0
+        yield root
 
 
-def train(home: Path, capsys: pytest.CaptureFixture[str], name: str, *argv: str) -> Path:
+RUNS = {  # SASRec with the history bias (its window items are scored apart and merged); GRU4Rec reading
+          # time gaps and ratings as event features
+    "sasrec": ["--model", "sasrec", "--set", "model.history_bias=true"],
+    "gru": ["--model", "gru4rec", "--set", 'features.fields=[{name="gap", level="event", kind="continuous", '
+            'transform="log1p"}, {name="rating", level="event", kind="continuous"}]'],
+}
+
+
+def train(home: Path, capsys: pytest.CaptureFixture[str], name: str) -> Path:
     out = home / name
-    code, text, _ = run(capsys, "train", "--dataset", "toy", "--out", str(out), *TRAIN, *argv)
-    assert code == 0, text
+    if not (out / "checkpoint" / "model.json").is_file():
+        code, text, _ = run(capsys, "train", "--dataset", "toy", "--out", str(out), *TRAIN, *RUNS[name])
+        assert code == 0, text
     return out
 
 
@@ -64,7 +77,7 @@ def test_every_user_gets_what_one_request_gives(home: Path, capsys: pytest.Captu
     """SASRec with the history bias (its window items are scored apart and merged), batches of 7 (histories of
     every length in a batch, encoded shortest first): each user's rows equal `recommend` on that user's whole
     history, and the users keep the dataset's order."""
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec", "--set", "model.history_bias=true")
+    run_dir = train(home, capsys, "sasrec")
     out = home / "recs.parquet"
     flags = ["--exclude-seen"] if exclude_seen else []
     code, text, _ = run(capsys, "recommend", str(run_dir), "--users", "all", "--out", str(out), "-k", "5",
@@ -81,9 +94,7 @@ def test_every_user_gets_what_one_request_gives(home: Path, capsys: pytest.Captu
 def test_event_features_come_from_the_data(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A model with time gaps and ratings as event features: --users reads each user's times and ratings from
     the prepared data, --log from the log's time and rating columns, and both equal `recommend` given them."""
-    fields = '[{name="gap", level="event", kind="continuous", transform="log1p"}, ' \
-             '{name="rating", level="event", kind="continuous"}]'
-    run_dir = train(home, capsys, "gru", "--model", "gru4rec", "--set", f"features.fields={fields}")
+    run_dir = train(home, capsys, "gru")
     (home / "some.txt").write_text("u3\nnobody\nu5\n\nu3\n")
     code, text, _ = run(capsys, "recommend", str(run_dir), "--users", str(home / "some.txt"), "--out",
                         str(home / "some.csv"), "-k", "4")
@@ -106,7 +117,7 @@ def test_event_features_come_from_the_data(home: Path, capsys: pytest.CaptureFix
 
 def test_a_log_with_items_the_run_does_not_know(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Unknown items are left out of a history and counted; a user with none known gets no row and is named."""
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    run_dir = train(home, capsys, "sasrec")
     pl.DataFrame({"who": ["a", "a", "a", "b", "c"], "what": ["i3", "zzz", "i4", "yyy", "i9"]}).write_csv(
         home / "new.tsv", separator="\t")
     code, text, _ = run(capsys, "recommend", str(run_dir), "--log", str(home / "new.tsv"), "--user-col", "who",
@@ -122,30 +133,30 @@ def test_a_log_with_items_the_run_does_not_know(home: Path, capsys: pytest.Captu
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--users", "all"], "--users writes its top-k to a file: give --out PATH"),
-    (["--users", "all", "--out", "{home}/r.xlsx"], "unknown output type '.xlsx'"),
-    (["--history", "i1", "--out", "{home}/r.csv"], "--out goes with --users or --log"),
+    (["--users", "all", "--out", "{tmp}/r.xlsx"], "unknown output type '.xlsx'"),
+    (["--history", "i1", "--out", "{tmp}/r.csv"], "--out goes with --users or --log"),
     (["--user", "u1", "--batch-size", "5"], "--batch-size goes with --users or --log"),
-    (["--users", "all", "--history", "i1", "--out", "{home}/r.csv"], "not --history and --users"),
-    (["--users", "all", "--out", "{home}/r.csv", "--candidates", "i1"], "--candidates goes with --history"),
-    (["--users", "{home}/none.txt", "--out", "{home}/r.csv"], "neither 'all' nor a file of user ids"),
-    (["--users", "{home}/empty.txt", "--out", "{home}/r.csv"], "no user id in it"),
-    (["--users", "all", "--out", "{home}/r.csv", "--batch-size", "0"], "batch size must be >= 1"),
-    (["--users", "all", "--out", "{home}/r.csv", "-k", "99"], "k=99"),
-    (["--log", "{home}/log.csv", "--out", "{home}/r.csv"], "--log needs --user-col and --item-col"),
-    (["--log", "{home}/log.csv", "--user-col", "nope", "--item-col", "iid", "--out", "{home}/r.csv"],
+    (["--users", "all", "--history", "i1", "--out", "{tmp}/r.csv"], "not --history and --users"),
+    (["--users", "all", "--out", "{tmp}/r.csv", "--candidates", "i1"], "--candidates goes with --history"),
+    (["--users", "{home}/none.txt", "--out", "{tmp}/r.csv"], "neither 'all' nor a file of user ids"),
+    (["--users", "{home}/empty.txt", "--out", "{tmp}/r.csv"], "no user id in it"),
+    (["--users", "all", "--out", "{tmp}/r.csv", "--batch-size", "0"], "batch size must be >= 1"),
+    (["--users", "all", "--out", "{tmp}/r.csv", "-k", "99"], "k=99"),
+    (["--log", "{home}/log.csv", "--out", "{tmp}/r.csv"], "--log needs --user-col and --item-col"),
+    (["--log", "{home}/log.csv", "--user-col", "nope", "--item-col", "iid", "--out", "{tmp}/r.csv"],
      "no column(s) 'nope'"),
-    (["--log", "{home}/unknown.csv", "--user-col", "x", "--item-col", "y", "--out", "{home}/r.csv"],
+    (["--log", "{home}/unknown.csv", "--user-col", "x", "--item-col", "y", "--out", "{tmp}/r.csv"],
      "no user has an item the run knows"),
 ])
 def test_batch_mistakes_are_one_line_errors_and_write_nothing(home: Path, capsys: pytest.CaptureFixture[str],
-                                                              argv: list[str], message: str) -> None:
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+                                                              tmp_path: Path, argv: list[str], message: str) -> None:
+    run_dir = train(home, capsys, "sasrec")
     (home / "empty.txt").write_text("\n \n")
     (home / "unknown.csv").write_text("x,y\nu1,zzz\n")
-    code, _, err = run(capsys, "recommend", str(run_dir), *[a.format(home=home) for a in argv])
+    code, _, err = run(capsys, "recommend", str(run_dir), *[a.format(home=home, tmp=tmp_path) for a in argv])
     assert code == 2 and err.startswith("seqrec: error:") and message in err, err
     assert len(err.strip().splitlines()) == 1
-    assert not list(home.glob("r.*")) and not list(home.glob(".r.*"))
+    assert not list(tmp_path.glob("r.*")) and not list(tmp_path.glob(".r.*"))
 
 
 def test_from_python_with_a_changed_catalogue(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,7 +164,7 @@ def test_from_python_with_a_changed_catalogue(home: Path, capsys: pytest.Capture
     rows equal `recommend_many` on the same histories."""
     from seqrec.serve import batch
 
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    run_dir = train(home, capsys, "sasrec")
     rec = Recommender.from_run(run_dir)
     rec.remove_items(["i6"])
     log = pl.DataFrame({"user": ["a", "a", "b", "b"], "item": ["i4", "i5", "i6", "i2"],
@@ -191,8 +202,7 @@ def test_what_a_log_may_hold(home: Path, capsys: pytest.CaptureFixture[str]) -> 
     feature the model reads (a note says it is taken as missing)."""
     from seqrec.serve import batch
 
-    fields = '[{name="rating", level="event", kind="continuous"}]'
-    run_dir = train(home, capsys, "gru", "--model", "gru4rec", "--set", f"features.fields={fields}")
+    run_dir = train(home, capsys, "gru")
     rec = Recommender.from_run(run_dir)
     items = [int(i[1:]) for i in rec.catalogue.raw_ids]
     log = pl.DataFrame({"u": [7, 7, 7, 8, *[9] * len(items)], "i": [3, 4, 5, 6, *items],
@@ -206,15 +216,16 @@ def test_what_a_log_may_hold(home: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "1 user(s) with no item left once their own are excluded: no rows: 9" in text
     frame = pl.read_csv(home / "out.csv", schema_overrides={"user": pl.Utf8, "item": pl.Utf8})
     assert frame["user"].unique(maintain_order=True).to_list() == ["7", "8"]
-    want = rec.recommend(["i5", "i4", "i3"], 3, exclude_seen=True, events={"rating": [3.0, 2.0, 1.0]})
+    want = rec.recommend(["i5", "i4", "i3"], 3, exclude_seen=True, times=[10.0, 20.0, 30.0],
+                         events={"rating": [3.0, 2.0, 1.0]})
     assert same(rows_of(frame, "7"), [(r.item, r.score) for r in want])
     # the same log without its rating column: the feature is missing (NaN), and the note says so
     log.drop("rating").with_columns(("i" + pl.col("i").cast(pl.Utf8)).alias("i")).write_csv(home / "plain.csv")
     code, text, _ = run(capsys, "recommend", str(run_dir), "--log", str(home / "plain.csv"), "--user-col", "u",
                         "--item-col", "i", "--out", str(home / "plain.parquet"), "-k", "3")
-    assert code == 0 and "(note: the model's event feature(s) rating are not in" in text
+    assert code == 0 and "(note: the model's event feature(s) rating, gap are not in" in text
     plain = pl.read_parquet(home / "plain.parquet")
-    want = rec.recommend(["i3", "i4", "i5"], 3)  # file order without --time-col; rating missing
+    want = rec.recommend(["i3", "i4", "i5"], 3)  # file order without --time-col; gap and rating missing
     assert same(rows_of(plain, "7"), [(r.item, r.score) for r in want])
     # a rating that is text is named, not read as missing
     text_rating = pl.DataFrame({"user": ["a"], "item": ["i3"], "timestamp": [None], "rating": ["five"]},
@@ -224,7 +235,7 @@ def test_what_a_log_may_hold(home: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_more_mistakes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    run_dir = train(home, capsys, "sasrec")
     (home / "latin1.txt").write_bytes("u1\nj\xe9r\xf4me\n".encode("latin-1"))
     (home / "nobody.txt").write_text("x\ny\n")
     (home / "bom.txt").write_text("\ufeffu1\nu2\n", encoding="utf-8")
@@ -243,23 +254,23 @@ def test_more_mistakes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "for 2 of toy's users" in text  # a byte-order mark is not part of the first id
 
 
-def test_a_failed_write_leaves_nothing(home: Path, capsys: pytest.CaptureFixture[str],
+def test_a_failed_write_leaves_nothing(home: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    run_dir = train(home, capsys, "sasrec")
 
     def half_written(self: pl.DataFrame, path: Path, *args: object, **kwargs: object) -> None:
         Path(path).write_bytes(b"PAR1 half")
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pl.DataFrame, "write_parquet", half_written)
-    code, _, err = run(capsys, "recommend", str(run_dir), "--users", "all", "--out", str(home / "r.parquet"))
+    code, _, err = run(capsys, "recommend", str(run_dir), "--users", "all", "--out", str(tmp_path / "r.parquet"))
     assert code == 2 and "r.parquet: cannot write (No space left on device)" in err, err
-    assert not list(home.glob("r.parquet")) and not list(home.glob(".r.parquet*"))
+    assert not list(tmp_path.glob("r.parquet")) and not list(tmp_path.glob(".r.parquet*"))
 
 
 def test_an_ann_index_with_exclusions(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--index ivf --exclude-seen: the batch's lists are what the same IVF index gives one request at a time."""
-    run_dir = train(home, capsys, "sasrec", "--model", "sasrec")
+    run_dir = train(home, capsys, "sasrec")
     code, _, _ = run(capsys, "recommend", str(run_dir), "--users", "all", "--out", str(home / "ivf.jsonl"),
                      "--index", "ivf", "--exclude-seen", "-k", "5")
     assert code == 0
