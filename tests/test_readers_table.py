@@ -177,7 +177,7 @@ def test_ids_that_often_mean_missing_are_kept_with_a_warning(tmp_path: Path, cap
     """A walk-through's export had "NA" as the user of 7,681 rows: one giant user, without a word."""
     path = tmp_path / "log.csv"
     path.write_text("u,i\nNA,a\nNA,b\nu1,a\nu1,null\n")
-    with caplog.at_level("WARNING", logger="seqrec.data.readers_table"):
+    with caplog.at_level("WARNING", logger="seqrec.data.readers_values"):
         frame = read_table(path, "u", "i").interactions.frame
     assert frame["user"].to_list() == ["NA", "NA", "u1", "u1"]  # kept: it may be a real id
     assert "2 row(s) have the user id 'NA' in column 'u', which often stands for a missing value" in caplog.text

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 import torch
 
-import seqrec.data.text as text_module
+import seqrec.data.item_text as item_text_module
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.text import TextEncoder, TextOptions, default_encoder_path, item_texts, text_embeddings, word_drop
 from seqrec.errors import SeqrecError
@@ -117,12 +117,12 @@ def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: Prepa
     base = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.0, missing="error")
     with pytest.raises(SeqrecError, match="1 item"):
         text_embeddings(data, base)
-    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)  # below 1 item in n
+    monkeypatch.setattr(item_text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)  # below 1 item in n
     with pytest.raises(SeqrecError, match=r"1 of \d+ items .* more than"):  # and no explicit choice was cached
         text_embeddings(data, replace(base, missing="auto"))
     mean = text_embeddings(data, replace(base, missing="mean")).emb
     # "auto" stands the mean in for a few items (and shares the cache entry)
-    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 1.5 / data.n_items)  # 1 item in n is few enough
+    monkeypatch.setattr(item_text_module, "AUTO_MISSING_SHARE", 1.5 / data.n_items)  # 1 item in n is few enough
     auto = text_embeddings(data, replace(base, missing="auto"))
     assert auto.reused and torch.equal(auto.emb, mean)
     others = np.r_[1:5, 6 : data.n_items + 1]
@@ -130,7 +130,7 @@ def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: Prepa
     by_id = text_embeddings(data, replace(base, missing="id")).emb
     assert by_id[5].norm() > 0 and not torch.allclose(by_id[5], mean[5])
     # for more, the vectors `seqrec text encode --missing id` built serve "auto" (id before mean)
-    monkeypatch.setattr(text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)
+    monkeypatch.setattr(item_text_module, "AUTO_MISSING_SHARE", 0.5 / data.n_items)
     caplog.clear()
     with caplog.at_level("WARNING", logger="seqrec.data.text"):
         taken = text_embeddings(data, replace(base, missing="auto"))

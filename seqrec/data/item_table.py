@@ -20,7 +20,8 @@ from pathlib import Path
 import polars as pl
 
 from seqrec.data.item_text import AUTO_MISSING_SHARE, check_template, item_texts
-from seqrec.data.readers_table import TableFile, id_strings, separator_hint
+from seqrec.data.readers_table import TableFile, separator_hint
+from seqrec.data.readers_values import id_strings
 from seqrec.data.types import ItemTable, RawDataset
 from seqrec.errors import SeqrecError
 

@@ -8,25 +8,30 @@
 Missing fields format as "" and the separators and empty brackets they leave behind are removed (only the
 template's own text is touched: a field's value is kept as it is, but for a separator's full stop or comma
 that would double the one the value ends with); an item whose text comes out empty has none (None), and the
-caller's missing-text policy decides.
+missing-text policy (`fill_missing`: text_missing auto, error, id or mean) decides what stands in for it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import string
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import polars as pl
 
 from seqrec.errors import SeqrecError
 
+log = logging.getLogger(__name__)
+
 TEXT_FIELDS = ("title", "categories", "brand", "description")
 # text_missing = "auto": the mean text vector for items without text up to this share of the catalogue;
 # more is an error unless vectors were built with an explicit policy (`seqrec text encode --missing`)
 AUTO_MISSING_SHARE = 0.01
+MissingText = Literal["auto", "error", "id", "mean"]  # what items without text get (the module docstring)
 
 
 def template_fields(template: str) -> list[str]:
@@ -120,3 +125,45 @@ def texts_hash(texts: Sequence[str | None]) -> str:
     for t in texts:
         h.update(b"\x00" if t is None else t.encode() + b"\x01")
     return h.hexdigest()[:16]
+
+
+FALLBACK = ('model.text_missing = "id" or "mean" for training (e.g. --set model.text_missing=\'"id"\'), '
+            "--missing id | mean for `seqrec text encode`")
+
+
+def fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingText
+                  ) -> tuple[list[str], np.ndarray, MissingText]:
+    """Texts with a stand-in where an item has none, which items had none, and the policy that applies
+    ("auto" decided: "mean" for a few; for more it stays "auto", which the caller resolves or refuses)."""
+    missing = np.array([t is None for t in texts], dtype=bool)
+    n, shown = _without_text(missing, raw_ids)
+    if n and policy == "auto" and n / max(1, len(texts)) <= AUTO_MISSING_SHARE:
+        log.warning("%d item(s) have no text (e.g. %s): they get the mean text vector (text_missing='auto'; "
+                    "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
+        policy = "mean"
+    if n and policy == "error":
+        raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); pass a template that "
+                          "covers them or choose a fallback: " + FALLBACK)
+    if policy in ("id", "mean") and n / max(1, len(texts)) > AUTO_MISSING_SHARE:  # chosen, here or in the cache
+        log.warning("%s: they get %s, which says nothing about them; a text model learns little on this catalogue",
+                    share_without_text(missing, raw_ids),
+                    "the text 'item <id>'" if policy == "id" else "the mean text vector")
+    filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
+    return filled, missing, policy
+
+
+def _without_text(missing: np.ndarray, raw_ids: list[str]) -> tuple[int, str]:
+    """How many items have no text, and the first few of their ids (for messages)."""
+    return int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
+
+
+def share_without_text(missing: np.ndarray, raw_ids: list[str]) -> str:
+    """"n of N items (x%) have no text (e.g. ids)", for messages."""
+    n, shown = _without_text(missing, raw_ids)
+    return f"{n} of {len(missing)} items ({n / max(1, len(missing)):.1%}) have no text (e.g. {shown})"
+
+
+def too_many_missing(missing: np.ndarray, raw_ids: list[str]) -> SeqrecError:
+    return SeqrecError(f"{share_without_text(missing, raw_ids)}, more than the {AUTO_MISSING_SHARE:.0%} that "
+                       "text_missing='auto' stands in for; pass a template that covers them or choose a fallback: "
+                       + FALLBACK)

@@ -44,7 +44,15 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.item_text import AUTO_MISSING_SHARE, item_texts, texts_hash, word_drop
+from seqrec.data.item_text import (
+    MissingText,
+    fill_missing,
+    item_texts,
+    share_without_text,
+    texts_hash,
+    too_many_missing,
+    word_drop,
+)
 from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -74,7 +82,6 @@ def native_bf16(device: str) -> bool:
 TOKENS_PER_TEXT = 64  # a batch of batch_size texts holds batch_size x this many padded tokens
 PAD_MULTIPLE = 8  # a batch's length is its longest text's, rounded up to this
 
-MissingText = Literal["auto", "error", "id", "mean"]  # what items without text get (the module docstring)
 
 
 @dataclass(frozen=True)
@@ -238,43 +245,6 @@ def cache_key(options: TextOptions, source: str, revision: str | None, thash: st
             "word_drop_seed": options.seed, "missing": options.missing if any_missing else "none missing"}
 
 
-FALLBACK = ('model.text_missing = "id" or "mean" for training (e.g. --set model.text_missing=\'"id"\'), '
-            "--missing id | mean for `seqrec text encode`")
-
-
-def _fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingText
-                  ) -> tuple[list[str], np.ndarray, MissingText]:
-    """Texts with a stand-in where an item has none, which items had none, and the policy that applies
-    ("auto" decided: "mean" for a few; for more it stays "auto", which the caller resolves or refuses)."""
-    missing = np.array([t is None for t in texts], dtype=bool)
-    n, shown = _without_text(missing, raw_ids)
-    if n and policy == "auto" and n / max(1, len(texts)) <= AUTO_MISSING_SHARE:
-        log.warning("%d item(s) have no text (e.g. %s): they get the mean text vector (text_missing='auto'; "
-                    "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
-        policy = "mean"
-    if n and policy == "error":
-        raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); pass a template that "
-                          "covers them or choose a fallback: " + FALLBACK)
-    if policy in ("id", "mean") and n / max(1, len(texts)) > AUTO_MISSING_SHARE:  # chosen, here or in the cache
-        log.warning("%d of %d items (%.1f%%) have no text (e.g. %s): they get %s, which says nothing about them; a "
-                    "text model learns little on this catalogue", n, len(texts), 100 * n / max(1, len(texts)), shown,
-                    "the text 'item <id>'" if policy == "id" else "the mean text vector")
-    filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
-    return filled, missing, policy
-
-
-def _without_text(missing: np.ndarray, raw_ids: list[str]) -> tuple[int, str]:
-    """How many items have no text, and the first few of their ids (for messages)."""
-    return int(missing.sum()), ", ".join(raw_ids[i] for i in np.flatnonzero(missing)[:5])
-
-
-def _too_many_missing(missing: np.ndarray, raw_ids: list[str]) -> SeqrecError:
-    n, shown = _without_text(missing, raw_ids)
-    return SeqrecError(f"{n} of {len(missing)} items ({n / len(missing):.1%}) have no text (e.g. {shown}), more "
-                       f"than the {AUTO_MISSING_SHARE:.0%} that text_missing='auto' stands in for; pass a template "
-                       "that covers them or choose a fallback: " + FALLBACK)
-
-
 def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(), progress: bool = False,
                     encoder_factory: Callable[[TextOptions], TextEncoder] | None = None) -> TextEmbeddings:
     """The (N+1, D) text vectors of `data`'s items, from the cache when nothing changed. With
@@ -282,18 +252,17 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     --missing id | mean` built for the same texts serve (the policy chosen there); else it is an error."""
     table = data.item_table.sort("idx")
     raw_ids = table["item"].to_list()
-    texts, missing, policy = _fill_missing(item_texts(table, options.template), raw_ids, options.missing)
+    texts, missing, policy = fill_missing(item_texts(table, options.template), raw_ids, options.missing)
     folder = data.path / "text_cache"
     if policy == "auto" and missing.any():  # more than "auto" stands in for
         for chosen in ("id", "mean"):
             found, _, _ = _cached(folder, replace(options, missing=chosen), texts, missing)
             if found is not None:
-                n, shown = _without_text(missing, raw_ids)
-                log.warning("%d of %d items (%.1f%%) have no text (e.g. %s): text_missing='auto' takes the vectors "
-                            "`seqrec text encode --missing %s` (or a run with text_missing=%r) built for them",
-                            n, len(raw_ids), 100 * n / len(raw_ids), shown, chosen, chosen)
+                log.warning("%s: text_missing='auto' takes the vectors `seqrec text encode --missing %s` (or a run "
+                            "with text_missing=%r) built for them", share_without_text(missing, raw_ids), chosen,
+                            chosen)
                 return _reuse(found)
-        raise _too_many_missing(missing, raw_ids)
+        raise too_many_missing(missing, raw_ids)
     options = replace(options, missing=policy)  # what applied is what the cache key records
     found, key, path = _cached(folder, options, texts, missing)
     if found is not None:

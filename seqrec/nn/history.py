@@ -78,3 +78,14 @@ def distinct_offsets(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, to
 def add_offsets(scores: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """scores (B, N+1) += each history position's offset on its item (in place; repeats add up)."""
     return scores.scatter_add_(1, items, offsets.to(scores.dtype))
+
+
+def window_scores(states: torch.Tensor, windows: torch.Tensor, offsets: torch.Tensor, vectors: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Serving: (B, L) exact scores of each window's items, h . v_i + b_i + the offsets of every position
+    holding i, at each item's first position in its window; -inf at padding and later repeats."""
+    total, keep = distinct_offsets(windows, offsets.float())
+    scores = (vectors[windows] * states.float()[:, None, :]).sum(-1) + total
+    if bias is not None:
+        scores = scores + bias[windows]
+    return scores.masked_fill(~keep, -torch.inf)

@@ -34,6 +34,7 @@ from seqrec.data.batching import Batch, history_batch
 from seqrec.data.features import DERIVED_EVENTS, event_values
 from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.base import SequentialModel
+from seqrec.nn.history import window_scores
 from seqrec.serve.ann import Retriever
 from seqrec.serve.catalogue import Catalogue, UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLog
@@ -288,26 +289,15 @@ class Recommender(LiveCatalogue):
         values, ids = self.catalogue.retriever.search(states, k, exclude=search_excl if any(search_excl) else None)
         values = values.float()
         if offsets is not None and bool(merge.any()):
-            exact = self._window_scores(states, windows, offsets).cpu().masked_fill(~merge[:, None], -torch.inf)
+            exact = window_scores(states, windows, offsets, self.catalogue.vectors, self.catalogue.bias)
+            if self.catalogue.removed:  # never returned (a look-up per distinct window item, not per removed one)
+                seen_ids = windows.unique()
+                gone = torch.tensor([i in self.catalogue.removed for i in seen_ids.tolist()], dtype=torch.bool)
+                exact[torch.isin(windows, seen_ids[gone.to(seen_ids.device)])] = -torch.inf
+            exact = exact.cpu().masked_fill(~merge[:, None], -torch.inf)
             top = torch.topk(torch.cat([values, exact], dim=1), k, dim=1)
             values, ids = top.values, torch.cat([ids, windows.cpu()], dim=1).gather(1, top.indices)
         return values, ids
-
-    def _window_scores(self, states: torch.Tensor, windows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """(B, L) exact scores of the window items (h . v_i + b_i + the offsets of every position holding i), at
-        each item's first position in its window; -inf at padding, later repeats and removed items."""
-        vectors, bias = self.catalogue.vectors, self.catalogue.bias
-        scores = (vectors[windows] * states.float()[:, None, :]).sum(-1)
-        if bias is not None:
-            scores = scores + bias[windows]
-        same = windows[:, :, None] == windows[:, None, :]  # (B, L, L)
-        scores = scores + torch.bmm(same.float(), offsets.float()[:, :, None]).squeeze(-1)
-        keep = (windows != 0) & ~torch.tril(same, diagonal=-1).any(-1)
-        if self.catalogue.removed:
-            removed = torch.zeros(vectors.shape[0], dtype=torch.bool, device=windows.device)
-            removed[sorted(self.catalogue.removed)] = True
-            keep &= ~removed[windows]
-        return scores.masked_fill(~keep, -torch.inf)
 
     def _exact(self, state: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """(D,) state -> exact scores of items `ids` (n,): h · v_i + b_i."""

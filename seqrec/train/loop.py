@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(name: str, setting: str = "train.device") -> torch.device:
-    """The torch device `name` names (auto: CUDA where there is one); one that is not there is a one-line
-    error naming the `setting` it came from (a config key, or a flag such as --device)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
