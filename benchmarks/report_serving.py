@@ -61,7 +61,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), *_deploy(),
+              *_recommend_before_after(), *_live_before_after(), *_deletes_before_after(), *_workers(), *_compaction(), *_deploy(),
               *_deploy_catalogue(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
                        "model alone, one cached step ms", "model alone, whole history ms", "speed-up"])]
@@ -117,12 +117,37 @@ def _shared_sessions(d: dict[str, Any]) -> list[str]:
 LIVE_AB = (("ef2717e", "each add copies the tables (torch.cat)"),
            ("97730dc", "rows appended into stores that grow by doubling"))
 RECOMMEND_RERUN = "serve_load_recommend_rerun_640efd6.json"  # the /recommend part again, the same day
+# the /recommend measurement at two commits, the same way: serve_load_recommend_<commit>.json
+RECOMMEND_AB = (("c462e63", "one row at a time (the history-bias merge in a loop)"),
+                ("2420f38", "the whole batch as padded tensors (Recommender.top_k_padded)"))
 # the deletion measurement at two commits, the same way: serve_load_deletes_<commit>.json
 DELETE_AB = (("1b5ca61", "inside the DELETE"), ("08f6a0d", "in the background"))
 
 
 # the shared-sessions measurement at two commits, the same way: serve_load_sessions_<commit>.json
 SESSIONS_AB = (("b48048f", "one search per event"), ("7d04731", "in the batches: one search for all"))
+
+
+def _recommend_before_after() -> list[str]:
+    runs = _ab_runs("serve_load_recommend", RECOMMEND_AB)
+    if not runs:
+        return []
+    cpu = runs[-1][2]["machine"].get("cpu_model", "this machine")
+    lines = ["", "Top-k of a batch of requests in tensors: the /recommend measurement above at the commit before the "
+             "change and at the change, run one after the other on one day on an fp32-only "
+             f"{cpu}, slower than the machine of the table above (compare these rows with each other; "
+             "`serve_load.py --parts recommend --out ...`). Files: "
+             + ", ".join(f"`results/serve_load_recommend_{c}.json`" for c, _, _ in runs) + ".", "",
+             *header(["commit", "top-k of a batch", "index", "concurrency", "requests/s", "p50 ms", "p99 ms",
+                      "failed"])]
+    lines += [f"| {commit} | {what} | {index} | {c} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | "
+              f"{r['p99_ms']:.2f} | {r['failed']} |"
+              for commit, what, d in runs for index, rows in d["recommend"].items() for c, r in rows.items()]
+    met = [f"{index} at {commit}" for commit, _, d in runs for index, rows in d["recommend"].items()
+           if _serve_goal_met(rows.get("8"))]
+    return lines + ["", "The goal at concurrency 8 on this machine: "
+                    + (f"met by {'; '.join(met)}." if met else "not met by any row (the service saturates its "
+                       "one core first: at concurrency 8, p50 is about 8 / requests/s).")]
 
 
 def _live_before_after() -> list[str]:
