@@ -517,3 +517,65 @@ def test_a_process_exiting_during_a_rebuild_lets_it_end(tmp_path: Path) -> None:
     # (a rebuild thread that happens to hold the GIL in Python code at that moment exits cleanly: three tries)
     assert any(subprocess.run([sys.executable, str(script), "0"], capture_output=True, timeout=120).returncode
                for _ in range(3))
+
+
+@pytest.mark.parametrize("raw", [
+    b"POST /recommend HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n{}",
+    b"POST /recommend HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    b"NOT AN HTTP REQUEST\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n",
+])
+def test_a_request_uvicorn_cannot_parse_gets_a_json_error(runs: dict[str, Path], raw: bytes) -> None:
+    """Below the app, uvicorn answers a request it cannot parse itself: in plain text until the service ran it
+    with its own protocol class (seqrec.serve.http_protocol)."""
+    import json
+    import pickle
+    import socket
+
+    import uvicorn
+
+    from seqrec.serve.http_protocol import MALFORMED, uvicorn_options
+
+    options = uvicorn_options()
+    assert pickle.loads(pickle.dumps(options["http"])) is options["http"]  # --workers N spawns processes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(Recommender.from_run(runs["sasrec"])), host="127.0.0.1",
+                                           port=port, **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(raw)
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), answer
+        assert b"content-type: application/json" in head.lower()
+        assert json.loads(body) == {"error": MALFORMED}
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_seqrec_serve_runs_uvicorn_with_the_json_error_protocol(runs: dict[str, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import uvicorn
+
+    from seqrec.cli import main
+    from seqrec.serve.http_protocol import JsonErrorProtocol
+
+    taken: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: taken.update(kwargs))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", str(runs["sasrec"]), "--port", str(port)]) == 0
+    assert taken["http"] is JsonErrorProtocol and taken["port"] == port

@@ -75,6 +75,8 @@ def app_from_env() -> object:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from seqrec.serve.http_protocol import uvicorn_options
+
     run = Path(args.run)
     if not run.exists():
         raise SeqrecError(f"{run}: no such run folder")
@@ -119,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         app = build_app(options)  # a run or catalogue log that cannot be served is said before any address
         print(said, flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")  # type: ignore[arg-type]
+        uvicorn.run(app, host=args.host, port=args.port, **uvicorn_options())  # type: ignore[arg-type]
         return 0
     print(said, flush=True)
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
@@ -130,8 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ[ENV] = json.dumps(options)
         # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, access_log=False, log_level="warning",
-                    timeout_worker_healthcheck=ready)
+                    workers=args.workers, timeout_worker_healthcheck=ready, **uvicorn_options())
     return 0
 
 
