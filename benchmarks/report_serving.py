@@ -148,7 +148,30 @@ def _recommend_before_after() -> list[str]:
            if _serve_goal_met(rows.get("8"))]
     said = (f"met by {'; '.join(met)}." if met else "not met by any row (the service saturates its one core "
             "first: at concurrency 8, p50 is about 8 / requests/s).")
-    return [*lines, "", f"The goal at concurrency 8 on this machine: {said}"]
+    return [*lines, "", f"The goal at concurrency 8 on this machine: {said}", *_floor()]
+
+
+FLOOR_FILE = "serve_load_floor.json"  # serve_load.py --parts recommend floor --out benchmarks/results/<this>
+
+
+def _floor() -> list[str]:
+    """GET /health beside POST /recommend in one run: what the HTTP stack alone costs."""
+    d = load_result(FLOOR_FILE)
+    if not d or "floor" not in d:
+        return []
+    rows = [("POST /recommend, " + index, r) for index, r in d["recommend"].items()] + [("GET /health", d["floor"])]
+    lines = ["", "The HTTP stack alone: GET /health (no model, no search) against POST /recommend, one service "
+             f"after the other in one run on {d['machine'].get('cpu_model', 'this machine')} (commit "
+             f"{d['machine']['commit']}; `serve_load.py --parts recommend floor --out results/{FLOOR_FILE}`).", "",
+             *header(["request", "concurrency", "requests/s", "p50 ms", "p99 ms", "failed"])]
+    lines += [f"| {what} | {c} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} |"
+              for what, by_c in rows for c, r in by_c.items()]
+    floor, best = d["floor"]["8"], max((r["8"] for r in d["recommend"].values()), key=lambda r: r["requests_per_s"])
+    said = (f"At concurrency 8 a request that does nothing is answered at {floor['requests_per_s']:.0f} "
+            f"requests/s, p50 {floor['p50_ms']:.2f} ms; the fastest /recommend at {best['requests_per_s']:.0f} "
+            f"requests/s: the HTTP stack takes {best['requests_per_s'] / floor['requests_per_s']:.0%} of a "
+            "/recommend's time on the server core, the model and the search the rest.")
+    return [*lines, "", said]
 
 
 def _live_before_after() -> list[str]:

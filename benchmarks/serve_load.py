@@ -24,6 +24,8 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
                 time (SASRec, exact top-10 over 100k items); per-event latency, events/s, failures, how
                 many events were one cached step, and every answer against POST /recommend on the
                 same history
+    floor       GET /health (no model, no search: the HTTP stack alone) at concurrency 1, 8 and 32 on the
+                service of the "ivf, onnx engine" row: what no model or index could go below on this machine
     sessions    time per session event with the KV cache against re-encoding the history, at
                 history length 10, 50 and 200 (in process, 1 thread, exact top-10 over 100k items),
                 and the model's part alone (one cached step against encoding the whole history)
@@ -147,7 +149,7 @@ ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine
 LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
 # deletion rows: (results key, --index)
 DELETE_ROWS = (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf"))
-PARTS = ("recommend", "live", "workers", "deletes", "shared_sessions", "sessions")
+PARTS = ("recommend", "floor", "live", "workers", "deletes", "shared_sessions", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -159,15 +161,20 @@ def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
 
 
 def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str,
-                    engine: str = "torch") -> dict[str, Any]:
+                    engine: str = "torch", health: bool = False) -> dict[str, Any]:
+    """POST /recommend at concurrency 1, 8, 32; `health`: GET /health instead (the HTTP stack alone)."""
     server = Server(run, WORK / "serve" / f"recommend-{index}-{engine}.log", index=index, engine=engine)
     try:
         bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
+        if health:
+            asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
+            bodies = [request_bytes("GET", "/health", None)]
         asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
         out = {}
         for c in (1, 8, 32):
             out[str(c)] = asyncio.run(run_load("127.0.0.1", server.port, bodies, c, n_requests, cap)).summary()
-            print(f"/recommend ({index}, {engine}) concurrency {c}: {out[str(c)]}", flush=True)
+            print(f"{'/health' if health else '/recommend'} ({index}, {engine}) concurrency {c}: {out[str(c)]}",
+                  flush=True)
         return out
     finally:
         server.stop()
@@ -430,6 +437,9 @@ def main() -> None:
         build_sasrec(sasrec_run, n_items, 50)
         results["recommend"] = {name: bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine)
                                 for name, index, engine in ROWS}
+    if "floor" in args.parts:
+        build_sasrec(sasrec_run, n_items, 50)
+        results["floor"] = bench_recommend(sasrec_run, n_items, n_requests, cap, "ivf", "onnx", health=True)
     if "live" in args.parts:
         build_unisrec(unisrec_run, n_items, titles)
         for key, index, engine in LIVE_ROWS:

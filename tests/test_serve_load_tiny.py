@@ -24,6 +24,8 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     assert set(result["recommend"]) == {"exact", "ivf", "ivf, onnx engine"}
     for rows in result["recommend"].values():
         assert set(rows) == {"1", "8", "32"} and all(r["failed"] == 0 and r["ok"] > 0 for r in rows.values())
+    assert set(result["floor"]) == {"1", "8", "32"}  # GET /health: the HTTP stack alone
+    assert all(r["failed"] == 0 and r["ok"] > 0 and r["statuses"] == {"200": r["ok"]} for r in result["floor"].values())
     for key, engine in (("live", "torch"), ("live_ivf_onnx", "onnx")):
         live = result[key]
         assert live["engine"] == engine and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0
