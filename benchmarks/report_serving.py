@@ -61,7 +61,7 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_recommend_before_after(), *_live_before_after(), *_deletes_before_after(), *_workers(),
+              *_recommend_before_after(), *_start(d), *_live_before_after(), *_deletes_before_after(), *_workers(),
               *_compaction(), *_deploy(),
               *_deploy_catalogue(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
@@ -149,6 +149,22 @@ def _recommend_before_after() -> list[str]:
     said = (f"met by {'; '.join(met)}." if met else "not met by any row (the service saturates its one core "
             "first: at concurrency 8, p50 is about 8 / requests/s).")
     return [*lines, "", f"The goal at concurrency 8 on this machine: {said}", *_floor()]
+
+
+def _start(d: dict[str, Any]) -> list[str]:
+    r = d.get("start")
+    if not r:
+        return []
+    med = r["median_s"]
+    return ["", f"Starting a service on the onnx engine (`seqrec serve`, {d['n_items']:,}-item SASRec, {r['index']} "
+            "index): seconds until it answers /health when it exports the encoder to ONNX (no graph kept: a new "
+            "`$SEQREC_HOME` each start) and when it loads the graph an earlier start kept under `$SEQREC_HOME/onnx`, "
+            f"{len(r['start_s']['kept'])} starts each, alternating. `python benchmarks/serve_load.py --parts start`."
+            + _when(d, "start"), "", *header(["start", "median s", "each s"]),
+            *(f"| {'exports the graph' if k == 'export' else 'loads the kept graph'} | {med[k]:.1f} | "
+              f"{', '.join(f'{t:.1f}' for t in times)} |" for k, times in r["start_s"].items()),
+            "", f"Keeping the graph takes {med['export'] - med['kept']:.1f} s off each start "
+            f"({med['export'] / med['kept']:.1f} × faster)."]
 
 
 FLOOR_FILE = "serve_load_floor.json"  # serve_load.py --parts recommend floor --out benchmarks/results/<this>

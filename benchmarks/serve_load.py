@@ -24,6 +24,9 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
                 time (SASRec, exact top-10 over 100k items); per-event latency, events/s, failures, how
                 many events were one cached step, and every answer against POST /recommend on the
                 same history
+    start       seconds from starting `seqrec serve` (SASRec, onnx engine) until it answers /health, with
+                no exported graph kept (a new $SEQREC_HOME each start) and with the graph the first start
+                kept, 3 starts each, alternating
     floor       GET /health (no model, no search: the HTTP stack alone) at concurrency 1, 8 and 32 on the
                 service of the "ivf, onnx engine" row: what no model or index could go below on this machine
     sessions    time per session event with the KV cache against re-encoding the history, at
@@ -112,9 +115,11 @@ class Server:
     """`seqrec serve RUN` in a subprocess on a free loopback port, logging to a file."""
 
     def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact", engine: str = "torch",
-                 workers: int = 1, catalogue_log: Path | None = None, ready_timeout: int | None = None) -> None:
+                 workers: int = 1, catalogue_log: Path | None = None, ready_timeout: int | None = None,
+                 home: Path | None = None) -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        env.update({"SEQREC_HOME": str(home)} if home else {})
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log.open("w")
         cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
@@ -149,7 +154,7 @@ ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine
 LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
 # deletion rows: (results key, --index)
 DELETE_ROWS = (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf"))
-PARTS = ("recommend", "floor", "live", "workers", "deletes", "shared_sessions", "sessions")
+PARTS = ("recommend", "floor", "start", "live", "workers", "deletes", "shared_sessions", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -178,6 +183,24 @@ def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index:
         return out
     finally:
         server.stop()
+
+
+def bench_start(run: Path, starts: int) -> dict[str, Any]:
+    """Seconds until the service answers, its exported ONNX graph not kept (a fresh $SEQREC_HOME) or kept."""
+    import tempfile
+
+    times: dict[str, list[float]] = {"export": [], "kept": []}
+    with tempfile.TemporaryDirectory(prefix="seqrec-start-") as scratch:
+        kept = Path(scratch) / "kept"
+        Server(run, WORK / "serve" / "start.log", engine="onnx", home=kept).stop()  # the graph to keep
+        for i in range(starts):
+            for key, home in (("export", Path(scratch) / f"fresh{i}"), ("kept", kept)):
+                server = Server(run, WORK / "serve" / "start.log", engine="onnx", home=home)
+                times[key].append(server.start_s)
+                server.stop()
+                print(f"start ({key}): {server.start_s:.1f} s", flush=True)
+    return {"engine": "onnx", "index": "exact", "start_s": times,
+            "median_s": {k: float(np.median(v)) for k, v in times.items()}}
 
 
 async def live_adds(port: int, n_items: int, titles: list[str], n_add: int, n_requests: int, cap: float,
@@ -440,6 +463,9 @@ def main() -> None:
     if "floor" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         results["floor"] = bench_recommend(sasrec_run, n_items, n_requests, cap, "ivf", "onnx", health=True)
+    if "start" in args.parts:
+        build_sasrec(sasrec_run, n_items, 50)
+        results["start"] = bench_start(sasrec_run, 1 if args.tiny else 3)
     if "live" in args.parts:
         build_unisrec(unisrec_run, n_items, titles)
         for key, index, engine in LIVE_ROWS:

@@ -353,6 +353,51 @@ def test_onnx_engine_serves_the_same_top_k(name: str, extra: dict[str, Any], tin
     assert onnx_rec._onnx is None
 
 
+def test_onnx_engine_keeps_its_export_and_loads_it_again(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second engine of the same model (a restart, another worker) loads the cached graph instead of
+    exporting it again, with the same answers; other weights are a new export; a damaged cached graph is
+    exported again; a cache that cannot be written still serves."""
+    import seqrec.serve.export as export
+    from seqrec.serve import onnx_engine
+
+    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "home"))
+    exports: list[Path] = []
+    write = export.write_encoder
+    monkeypatch.setattr(export, "write_encoder", lambda w, path, opset: exports.append(path) or write(w, path, opset))
+    ckpt = trained_checkpoint("sasrec", {"history_bias": True}, tiny_dataset, tmp_path / "ckpt")
+    torch_rec = Recommender.from_run(ckpt)
+    raw = torch_rec.catalogue.raw_ids
+    histories = [[raw[i - 1] for i in h] for h in user_histories(tiny_dataset, 6)]
+
+    def answers(rec: Recommender) -> list[list[str]]:
+        return [[r.item for r in rs] for rs in rec.recommend_many(histories, k=5)]
+
+    first = Recommender.from_run(ckpt, engine="onnx")
+    second = Recommender.from_run(ckpt, engine="onnx")
+    assert len(exports) == 1 and first._onnx is not None and second._onnx is not None
+    assert not first._onnx.cached and second._onnx.cached
+    assert answers(first) == answers(second) == answers(torch_rec)
+    cached = list(onnx_engine.onnx_cache().glob("*/encoder.onnx"))
+    assert len(cached) == 1 and not list(onnx_engine.onnx_cache().glob(".export-*"))
+
+    changed = Recommender.from_run(ckpt)  # one weight changed: another graph
+    with torch.no_grad():
+        next(changed.model.parameters()).add_(0.5)
+    changed.use_engine("onnx")
+    assert len(exports) == 2 and changed._onnx is not None and not changed._onnx.cached
+
+    cached[0].write_bytes(cached[0].read_bytes()[:100])  # cut short
+    again = Recommender.from_run(ckpt, engine="onnx")
+    assert len(exports) == 3 and again._onnx is not None and not again._onnx.cached
+    assert answers(again) == answers(torch_rec)
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "file"))  # no folder can be made under a file
+    unkept = Recommender.from_run(ckpt, engine="onnx")
+    assert len(exports) == 4 and answers(unkept) == answers(torch_rec)
+
+
 def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
     ckpt = trained_checkpoint("sasrec", {}, tiny_dataset, tmp_path / "ckpt")
     with pytest.raises(SeqrecError, match="unknown engine"):

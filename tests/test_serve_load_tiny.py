@@ -26,6 +26,8 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
         assert set(rows) == {"1", "8", "32"} and all(r["failed"] == 0 and r["ok"] > 0 for r in rows.values())
     assert set(result["floor"]) == {"1", "8", "32"}  # GET /health: the HTTP stack alone
     assert all(r["failed"] == 0 and r["ok"] > 0 and r["statuses"] == {"200": r["ok"]} for r in result["floor"].values())
+    start = result["start"]  # a start that exports the ONNX graph, and one that loads the graph kept
+    assert set(start["start_s"]) == {"export", "kept"} and all(len(t) == 1 for t in start["start_s"].values())
     for key, engine in (("live", "torch"), ("live_ivf_onnx", "onnx")):
         live = result[key]
         assert live["engine"] == engine and live["add_failures"] == 0 and live["load_during_adds"]["failed"] == 0

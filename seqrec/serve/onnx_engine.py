@@ -3,12 +3,28 @@
 A text model's exported encoder takes every item's input vector as its second input (`item_inputs`,
 (N+1, D)); `OnnxEncoder` keeps that table beside the catalogue and grows it as items are added by text.
 A model with event features takes each one's (B, L) values as an input of its own (`event_<name>`).
+
+The export takes seconds to tens of seconds (longer than the rest of a service's start), so the graph is
+kept under `$SEQREC_HOME/onnx/<key>/` (`onnx_cache`) and a restart, a deploy's new worker or a second
+worker of the same model loads it instead: the key digests everything the graph depends on (the model's
+class, config and every weight, the catalogue size and history length, the versions of torch, onnx and
+ONNX Runtime, and seqrec's own code), so a cached graph is the one the export would write. The newest
+`CACHE_KEEP` graphs are kept. A cached graph that does not load is exported again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +32,42 @@ import torch
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
 from seqrec.nn.rows import append_rows
+
+log = logging.getLogger(__name__)
+
+CACHE_KEEP = 16  # exported graphs kept in the cache, the most recently used
+
+
+def onnx_cache() -> Path:
+    """Where exported encoder graphs are kept: `$SEQREC_HOME/onnx`."""
+    from seqrec.data.fetch import seqrec_home
+
+    return seqrec_home() / "onnx"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> bytes:
+    """seqrec's own source: a graph exported by other code is not reused."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.digest()
+
+
+def encoder_key(model: SequentialModel, n_items: int, max_len: int) -> str:
+    """The cache key of `model`'s exported encoder (module docstring)."""
+    import onnx
+    import onnxruntime
+
+    h = hashlib.sha256(json.dumps([type(model).__name__, repr(model.config), n_items, max_len, torch.__version__,
+                                   onnx.__version__, onnxruntime.__version__]).encode())
+    h.update(_code_digest())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:32]
 
 
 class OnnxEncoder:
@@ -25,24 +77,16 @@ class OnnxEncoder:
     reads it in place."""
 
     def __init__(self, model: SequentialModel, n_items: int, max_len: int) -> None:
-        import tempfile
-
         try:
-            import onnxruntime as ort
+            import onnxruntime  # noqa: F401
         except ImportError:
             raise SeqrecError("the onnx engine needs onnxruntime (pip install 'seqrec[serve]')") from None
-        from seqrec.serve.export import EncoderForExport, event_inputs, write_encoder
+        from seqrec.serve.export import EncoderForExport, event_inputs
 
         wrapper = EncoderForExport(model, n_items, max_len)
         self.event_names = wrapper.event_names
         self._inputs = dict(zip(self.event_names, event_inputs(self.event_names), strict=True))
-        with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as tmp:
-            path = Path(tmp) / "encoder.onnx"
-            write_encoder(wrapper, path, None)
-            options = ort.SessionOptions()
-            options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.session, self.cached = _session(wrapper, encoder_key(model, n_items, max_len))
         # rows 0..N of a store with room to grow (seqrec.nn.rows); one reference, so swapping it is atomic
         self._store: torch.Tensor | None = None
         self._table: np.ndarray | None = None
@@ -81,3 +125,65 @@ class OnnxEncoder:
                      if events else {})
         return self.session.run(["state"], feeds)[0]
 
+
+
+def _open(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _session(wrapper: Any, key: str) -> tuple[Any, bool]:
+    """An ONNX Runtime session of `wrapper`'s graph: the cached one under `key`, or a new export (then
+    cached) -> (session, whether it came from the cache)."""
+    from seqrec.serve.export import write_encoder
+
+    cache = onnx_cache()
+    folder = cache / key
+    if (folder / "encoder.onnx").is_file():
+        try:
+            session = _open(folder / "encoder.onnx")
+            with contextlib.suppress(OSError):
+                os.utime(folder)  # most recently used
+            return session, True
+        except Exception as exc:  # a graph cut short or damaged: exported again
+            log.warning("the cached ONNX graph %s does not load (%s): exporting it again", folder, exc)
+            shutil.rmtree(folder, ignore_errors=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=cache))
+    except OSError as exc:  # a cache that cannot be written: the graph lives as long as the session needs it
+        log.info("cannot keep the exported ONNX graph in %s (%s)", cache, exc.strerror)
+        with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as scratch:
+            write_encoder(wrapper, Path(scratch) / "encoder.onnx", None)
+            return _open(Path(scratch) / "encoder.onnx"), False
+    try:
+        write_encoder(wrapper, tmp / "encoder.onnx", None)
+        session = _open(tmp / "encoder.onnx")
+        try:
+            tmp.rename(folder)  # whole or not at all; another process may have put the same graph there first
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(cache)
+    return session, False
+
+
+def _prune(cache: Path) -> None:
+    """Keep the `CACHE_KEEP` most recently used graphs, and exports under way (those of a process stopped
+    while exporting go after an hour)."""
+    import time
+
+    with contextlib.suppress(OSError):
+        for stale in cache.glob(".export-*"):
+            if stale.stat().st_mtime < time.time() - 3600:
+                shutil.rmtree(stale, ignore_errors=True)
+        graphs = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        graphs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in graphs[CACHE_KEEP:]:
+            shutil.rmtree(old, ignore_errors=True)
