@@ -194,12 +194,20 @@ def test_time_split_trains_only_before_the_validation_cutoff(tmp_path: Path) -> 
             t = d.times[d.offsets[u] + 1 : d.offsets[u] + p]
             assert not ((t >= lo) & (t < hi)).any()
     # a user without a later event keeps every event for training
-    quiet = np.flatnonzero((d.split == -1).all(1))
+    quiet = np.flatnonzero((d.split == -1).all(1) & (d.times[d.offsets[1:] - 1] < v_from))
     assert len(quiet) and (d.train_end()[quiet] == d.lengths[quiet]).all()
     # the refit before test learns from the validation period too, still not from the test period
     _, start, end, _ = training_windows(d.offsets, d.with_valid_as_training().train_end(), max_len=50)
     targets = np.concatenate([np.arange(s, e) for s, e in zip(start, end, strict=True)])
     assert (d.times[targets] < t_from).all() and (d.times[targets] >= v_from).any()
+    # no training event at all (inputs, counts) from after the cutoff: not even a user's first event there
+    for data, cutoff in ((d, v_from), (d.with_valid_as_training(), t_from)):
+        lengths = data.lengths
+        pos = np.arange(len(data.items)) - np.repeat(data.offsets[:-1], lengths)
+        training = pos < np.repeat(data.train_end(), lengths)
+        assert training.any() and (data.times[training] < cutoff).all()
+    late = np.flatnonzero(d.times[d.offsets[:-1]] >= v_from)  # users whose first event is in an evaluated period
+    assert len(late) and (d.train_end()[late] == 0).all()
 
 
 def test_time_split_needs_timestamps_and_keeps_presplit_sources(tmp_path: Path) -> None:

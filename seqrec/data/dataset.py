@@ -96,6 +96,8 @@ class PreparedDataset:
     _item_table: pl.DataFrame | None = field(default=None, repr=False)
     # (U,) bool: the users whose events are training data (None: every user); see `with_training_users`
     training_users: np.ndarray | None = field(default=None, repr=False)
+    # the validation events are training data too (`with_valid_as_training`, the refit before the test)
+    valid_in_training: bool = field(default=False, repr=False)
 
     @classmethod
     def load(cls, path: Path) -> PreparedDataset:
@@ -155,7 +157,7 @@ class PreparedDataset:
         """The same data with each user's validation event moved into training (for a refit before test)."""
         split = self.split.copy()
         split[:, 0] = -1
-        return replace(self, split=split)
+        return replace(self, split=split, valid_in_training=True)
 
     def with_training_users(self, fraction: float, seed: int) -> PreparedDataset:
         """The same data with the training events of only a seeded random `fraction` of the users (at least
@@ -175,6 +177,13 @@ class PreparedDataset:
         valid, test = self.split[:, 0], self.split[:, 1]
         lengths = self.lengths
         end = np.where(valid >= 0, valid, np.where(test >= 0, test, lengths))
+        options = self.meta.get("options", {})
+        if options.get("split") == "time" and self.times is not None:  # nothing from the evaluated periods,
+            # not even a user's first event there (an input with no target, but it counts for popularity)
+            cutoff = options["test_from" if self.valid_in_training else "valid_from"]
+            users = np.repeat(np.arange(len(lengths)), lengths)
+            before = np.bincount(users, weights=self.times < cutoff, minlength=len(lengths)).astype(np.int64)
+            end = np.minimum(end, before)
         return end if self.training_users is None else np.where(self.training_users, end, 0)
 
     def eval_positions(self, which: str) -> tuple[np.ndarray, np.ndarray]:
