@@ -25,7 +25,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixture[str],
+                                          caplog: pytest.LogCaptureFixture) -> None:
     code, out, _ = run(capsys, "data", "prepare", "toy", "--format", "csv", "--path", str(home / "log.csv"),
                        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
     assert code == 0 and "60 users, 30 items" in out
@@ -47,7 +48,8 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     results = json.loads((run_dir / "results.json").read_text())
     assert results["protocol"]["ranking"] == "full (all items)"
     assert results["protocol"]["filter_seen"] is False and results["protocol"]["ks"] == [5, 10]
-    assert results["protocol"]["dataset_fingerprint"]
+    assert results["protocol"]["dataset_fingerprint"] and results["protocol"]["history_bias"] is False
+    assert results["stopped_by"].startswith(("early stop", "the epoch limit"))
     assert results["test"]["recall@10"] > 0.8  # the +1 walk is learnable
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == results["epochs_run"] and (run_dir / "curve.png").stat().st_size > 0
@@ -58,6 +60,21 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     assert f"{results['test']['recall@10']:.4f}" in test_row and "already-seen" not in out
     code, out, _ = run(capsys, "evaluate", str(run_dir), "--filter-seen")
     assert code == 0 and out.startswith("(already-seen items removed from the ranking")
+    # a model with the history bias is not the published one: its results say so, in the file and printed
+    biased = home / "biased"
+    code, out, _ = run(capsys, "train", "--dataset", "toy", "--model", "sasrec", "--out", str(biased),
+                       "--set", "train.epochs=1", "--set", "model.d=16", "--set", "data.max_len=8",
+                       "--set", "train.progress=false", "--set", "model.history_bias=true",
+                       "--set", "train.refit=false", "--set", "eval.ks=[10, 30]")
+    assert code == 0 and "(a model with the history bias" in out
+    # a cutoff that leaves no item out is said (every target counts as found there)
+    assert "eval.ks: at 30 (not below the 30 items of toy) every target counts as found" in caplog.text
+    assert json.loads((biased / "results.json").read_text())["protocol"]["history_bias"] is True
+    assert json.loads((biased / "results.json").read_text())["stopped_by"] == "the epoch limit (train.epochs = 1)"
+    code, out, _ = run(capsys, "evaluate", str(biased))
+    assert code == 0 and "(a model with the history bias" in out
+    code, out, _ = run(capsys, "evaluate", str(biased), "--filter-seen")
+    assert code == 0 and "(already-seen items removed" in out and "(a model with the history bias" in out
     # history i3 i4 i5 -> the walk continues with i6
     code, out, _ = run(capsys, "recommend", str(run_dir), "--history", "i3 i4 i5", "-k", "3")
     assert code == 0

@@ -78,3 +78,61 @@ def test_everything_tied_counts_every_item_without_overflow(tile: int) -> None:
     h = torch.randn(300, 8)
     ranks = rank_targets(h, torch.randint(1, 5001, (300,)), emb, tile=tile, threads=2)
     assert (ranks == 5000).all()
+
+
+def test_filtering_takes_the_seen_items_given_apart_from_the_offsets_history() -> None:
+    """The offsets belong to the model's window (history); the items filtered are every earlier one (seen)."""
+    h, target, emb, bias, history, offsets = planted(300, 400, 8, seed=3)
+    g = torch.Generator().manual_seed(4)
+    seen = torch.cat([torch.randint(0, 401, (300, 30), generator=g), history], 1)  # the window and 30 before it
+    window_only = rank_targets(h, target, emb, bias, history, True, offsets, tile=97, threads=2)
+    ref = brute_force_seen(h, target, emb, bias, history, offsets, seen)
+    got = rank_targets(h, target, emb, bias, history, True, offsets, tile=97, threads=2, seen=seen)
+    assert torch.equal(got, ref) and not torch.equal(got, window_only)
+
+
+def brute_force_seen(h: torch.Tensor, target: torch.Tensor, emb: torch.Tensor, bias: torch.Tensor,
+                     history: torch.Tensor, offsets: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """`brute_force` with the offsets on `history` and the filtered items from `seen`."""
+    h, emb = h.double(), emb.double()
+    scores = h @ emb.T + bias.double()
+    magnitude = (h.abs() * emb[target].abs()).sum(1) + bias.double()[target].abs()
+    scores.scatter_add_(1, history, offsets.double())
+    magnitude += (offsets.double().abs() * (history == target[:, None])).sum(1)
+    t = scores[torch.arange(len(h)), target].clone()
+    tol = tie_tolerance(magnitude, h.shape[1])
+    scores[:, 0] = -torch.inf
+    scores.scatter_(1, seen, -torch.inf)
+    scores[torch.arange(len(h)), target] = -torch.inf
+    return (scores >= (t - tol)[:, None]).sum(1) + 1
+
+
+def test_evaluation_filters_every_seen_item_not_only_the_models_window(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """eval.filter_seen removes every item of the user's history before the target, as serving's
+    exclude_seen does, though the model reads only the last max_len of them."""
+    from seqrec.config import EvalConfig
+    from seqrec.data.batching import eval_batches
+    from seqrec.data.prepare import PrepareOptions, prepare
+    from seqrec.eval.evaluate import evaluate_ranks
+    from tests.conftest import synthetic_log
+    from tests.test_models import make
+
+    data = prepare(synthetic_log(n_users=80, n_items=40), PrepareOptions(), tmp_path / "d")
+    model = make("sasrec", {}, n_items=data.n_items, max_len=3).eval()
+    got = evaluate_ranks(model, data, "test", 3, EvalConfig(filter_seen=True), torch.device("cpu"))
+    want = []
+    users, pos = data.eval_positions("test")
+    with torch.no_grad():
+        for batch in eval_batches(data, "test", 3, 1000):
+            scores = model.score(batch).double()
+            t = scores[torch.arange(len(scores)), batch.target].clone()
+            scores[:, 0] = -torch.inf
+            for row, (u, p) in enumerate(zip(users, pos, strict=True)):
+                earlier = torch.from_numpy(data.items[data.offsets[u] : data.offsets[u] + p].astype("int64"))
+                scores[row, earlier] = -torch.inf  # every earlier item, not only the window of 3
+                scores[row, batch.target[row]] = -torch.inf
+            want.append(((scores >= t[:, None]).sum(1) + 1).numpy())
+    import numpy as np
+
+    assert (data.lengths[users] > 4).mean() > 0.5  # most histories are longer than the window
+    np.testing.assert_array_equal(got, np.concatenate(want))

@@ -134,6 +134,9 @@ def print_metrics(results: dict[str, Any]) -> None:
     names = ("recall", "ndcg", "mrr")
     if results["protocol"].get("filter_seen"):  # another protocol than the default: said where it prints
         print("(already-seen items removed from the ranking: eval.filter_seen)")
+    if results["protocol"].get("history_bias"):  # another model than the published ones: said where it prints
+        print("(a model with the history bias: a learned score offset for items already in the user's history, "
+              "model.history_bias; seen items stay in the ranking)")
     if any(split.endswith(" cold") for split in results):
         print("(cold: targets whose item occurs in no training event; warm: the others)")
     print(f"{'split':<11}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names) + f"{'users':>9}")

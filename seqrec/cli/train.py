@@ -108,6 +108,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
                               f"but {data.path} has {data.fingerprint}")
         results |= evaluate_split(model, data, split, cfg, device, args.cold)
+        results["protocol"]["history_bias"] = model.history is not None
     print_metrics(results)
     return 0
 
@@ -139,7 +140,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     device = pick_device(cfg.train.device)
     model = finetune_model(run, data, cfg.model, cfg.data.max_len, trained=False).to(device).eval()
-    results: dict[str, Any] = {"protocol": {**protocol(data, cfg.eval, "test", cfg.data.max_len),
+    results: dict[str, Any] = {"protocol": {**protocol(data, cfg.eval, "test", cfg.data.max_len, model),
                                             "model_selection": "none: zero-shot from " + str(run)}}
     for split in ("valid", "test"):
         results |= evaluate_split(model, data, split, cfg, device, args.cold)

@@ -34,13 +34,16 @@ from seqrec.data.dataset import PreparedDataset
 class Batch:
     """items (B, L) inputs; targets (B, L) next items, 0 where none (training);
     target (B,) the held-out item (evaluation); users (B,) user indices;
-    events name -> (B, L) raw event feature values of the input positions (NaN = missing)."""
+    events name -> (B, L) raw event feature values of the input positions (NaN = missing);
+    seen (B, S) every item of the user before the target, left-padded, not only the last L (evaluation
+    that filters seen items)."""
 
     items: torch.Tensor
     targets: torch.Tensor | None = None
     target: torch.Tensor | None = None
     users: torch.Tensor | None = None
     events: dict[str, torch.Tensor] | None = None
+    seen: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         """This batch on `device`. To CUDA through pinned memory, so that the copy queues behind the
@@ -55,7 +58,7 @@ class Batch:
 
         events = None if self.events is None else {k: moved(v) for k, v in self.events.items()}
         return replace(self, items=moved(self.items), targets=move(self.targets), target=move(self.target),
-                       users=move(self.users), events=events)
+                       users=move(self.users), events=events, seen=move(self.seen))
 
 
 def training_windows(
@@ -172,8 +175,9 @@ class TrainBatches:
 
 
 def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: int,
-                 events: Mapping[str, np.ndarray] | None = None) -> Iterator[Batch]:
-    """Batches of (last `max_len` events before the target, target) for "valid" or "test"."""
+                 events: Mapping[str, np.ndarray] | None = None, seen: bool = False) -> Iterator[Batch]:
+    """Batches of (last `max_len` events before the target, target) for "valid" or "test"; with `seen`,
+    every item before the target as well (`Batch.seen`)."""
     users, pos = data.eval_positions(which)
     flat = data.items.astype(np.int64)
     tpos = data.offsets[users] + pos
@@ -185,6 +189,7 @@ def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: in
             target=torch.from_numpy(flat[tpos[sl]]),
             users=torch.from_numpy(users[sl]),
             events=_gather_events(events, start[sl], tpos[sl]),
+            seen=torch.from_numpy(_gather(flat, data.offsets[users[sl]], tpos[sl])) if seen else None,
         )
 
 

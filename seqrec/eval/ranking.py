@@ -39,12 +39,15 @@ class RankRequest:
     history  (B, L) long    the users' histories (0 = pad): excluded when filtering seen items
     offsets  (B, L) float   what each history position adds to its item's score (models with a
                             learned history bias, `seqrec.nn.history`), or None
+    seen     (B, S) long    the items excluded when filtering seen items, when not `history` (every
+                            item before the target, where the model sees only the last L)
     """
 
     h: torch.Tensor
     target: torch.Tensor
     history: torch.Tensor | None = None
     offsets: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
 
 
 def rank_targets(
@@ -57,11 +60,13 @@ def rank_targets(
     offsets: torch.Tensor | None = None,
     tile: int | None = None,
     threads: int | None = None,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """1-based ranks of `target` among all items for each row of `h`.
 
     h (B, D), target (B,), item_emb (N+1, D) with row 0 = padding, item_bias (N+1,);
-    offsets (B, L) are added to the scores of the history items (B, L) first.
+    offsets (B, L) are added to the scores of the history items (B, L) first; with `filter_seen`,
+    the items of `seen` (B, S) (default: `history`) other than the target are left out.
 
     Blocked: users in groups of at most USER_BLOCK, items in tiles of `tile`; a tile's scores are
     counted while they are in cache, so no (B, N) matrix is written out and read back. On the CPU
@@ -83,8 +88,10 @@ def rank_targets(
 
     def one(lo: int) -> torch.Tensor:
         hi = min(lo + group, h.shape[0])
+        excluded = (history if seen is None else seen) if filter_seen else None
         return _rank_group(h[lo:hi].float(), target[lo:hi], W, b, None if history is None else history[lo:hi],
-                           filter_seen, None if offsets is None else offsets[lo:hi].float(), tile)
+                           None if excluded is None else excluded[lo:hi],
+                           None if offsets is None else offsets[lo:hi].float(), tile)
 
     starts = range(0, h.shape[0], group)
     n_threads = threads or torch.get_num_threads()
@@ -107,9 +114,10 @@ def tie_tolerance(magnitude: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,
-                history: torch.Tensor | None, filter_seen: bool, offsets: torch.Tensor | None,
+                history: torch.Tensor | None, excluded: torch.Tensor | None, offsets: torch.Tensor | None,
                 tile: int) -> torch.Tensor:
-    """Ranks for one group of users (G, D) over every item tile: see `rank_targets`."""
+    """Ranks for one group of users (G, D) over every item tile (`excluded`: the items filtered out):
+    see `rank_targets`."""
     G, n1 = h.shape[0], W.shape[0]
     rows = torch.arange(G, device=h.device)
     own = W[target]  # (G, D)
@@ -134,8 +142,10 @@ def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch
             scores += b[lo:hi]
         if lo == 0:
             scores[:, 0] = -torch.inf  # padding never competes
-        if history is not None and (offsets is not None or filter_seen):
-            _history_in_tile(scores, history, offsets, filter_seen, lo, hi)
+        if history is not None and offsets is not None:
+            _history_in_tile(scores, history, offsets, False, lo, hi)
+        if excluded is not None:
+            _history_in_tile(scores, excluded, None, True, lo, hi)
         inside = (target >= lo) & (target < hi)
         scores[rows[inside], target[inside] - lo] = -torch.inf  # the target never counts against itself
         if flags is not None and threshold_np is not None:
@@ -195,7 +205,8 @@ def stream_ranks(
     """Concatenated ranks over every chunk of users; only ranks are kept."""
     out: list[np.ndarray] = []
     for req in requests:
-        ranks = rank_targets(req.h, req.target, item_emb, item_bias, req.history, filter_seen, req.offsets)
+        ranks = rank_targets(req.h, req.target, item_emb, item_bias, req.history, filter_seen, req.offsets,
+                             seen=req.seen)
         out.append(ranks.cpu().numpy())
         if on_chunk is not None:
             on_chunk(len(ranks))

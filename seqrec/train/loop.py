@@ -8,7 +8,7 @@ is tested, once, at the end. A run folder holds:
     checkpoint/      best weights (safetensors + JSON); with train.refit, the refitted model
     checkpoint-selected/  with train.refit only: the validation-chosen model
     state/           while training: what `--resume` needs to go on exactly (seqrec.train.state)
-    results.json     validation and test metrics of the best epoch, with the protocol
+    results.json     validation and test metrics of the best epoch, the protocol, what ended training
     curve.png        the learning curve
 """
 
@@ -23,7 +23,6 @@ import resource
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +88,7 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimi
     return kind(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=fused)
 
 
-@dataclass
+@dataclasses.dataclass
 class EpochStats:
     loss: float
     seconds: float
@@ -245,10 +244,10 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
             log.info("epoch %d loss %.4f (not validated) %.0f targets/s", epoch, stats.loss, stats.targets_per_s)
         if loop.bad >= cfg.train.patience:
             log.info("early stop: no better %s for %d evaluations", metric, loop.bad)
-            loop.stopped = True
+            loop.stopped, loop.stopped_by = True, f"early stop: no better validation for {loop.bad} evaluations"
         elif cfg.train.time_budget_s and row["elapsed_s"] > cfg.train.time_budget_s:
             log.info("time budget of %.0f s reached", cfg.train.time_budget_s)
-            loop.stopped = True
+            loop.stopped, loop.stopped_by = True, f"the time budget (train.time_budget_s = {cfg.train.time_budget_s:g})"
         loop.epoch, loop.elapsed_s = epoch, row["elapsed_s"]
         save_state(state_dir, loop, model, opt, batches, ema)
         world.broadcast(loop.stopped)  # the other ranks stop with rank 0
@@ -288,6 +287,7 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     if decisions:
         results["auto"] = decisions
     results["processes"] = sorted(set(loop.processes))  # data-parallel: how many trained it (each resume adds its)
+    results["stopped_by"] = loop.stopped_by or f"the epoch limit (train.epochs = {cfg.train.epochs})"
     write_json_atomic(run_dir / "results.json", results)
     learning_curve(loop.history, metric, run_dir / "curve.png")
     shutil.rmtree(state_dir, ignore_errors=True)  # the run is complete: nothing left to resume
@@ -304,8 +304,8 @@ def follow(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: S
         train_epoch(model, batches, opt, cfg, device, epoch, step)
         loop.stopped = world.broadcast(None)
     if cfg.train.refit:
-        init_items_from = Path(loop.init_items_from) if loop.init_items_from else None
-        refit(cfg, data, device, world.broadcast(None), init_items_from, start_model, world)
+        refit(cfg, data, device, world.broadcast(None), Path(loop.init_items_from) if loop.init_items_from else None,
+              start_model, world)
     return {"rank": world.rank}
 
 
@@ -387,7 +387,7 @@ def final_results(model: SequentialModel, test_model: SequentialModel, data: Pre
         "seqrec_version": __version__,
         "model": cfg.model.name,
         "dataset": data.meta["name"],
-        "protocol": {**protocol(data, cfg.eval, "test" if test else "valid", L), "model_selection": selection,
+        "protocol": {**protocol(data, cfg.eval, "test" if test else "valid", L, model), "model_selection": selection,
                      "refit": cfg.train.refit},
         "checkpoint": {"epoch": best_epoch, "path": "checkpoint"},
         "valid": valid,

@@ -43,6 +43,7 @@ class LoopState:
     bad: int = 0
     elapsed_s: float = 0.0
     stopped: bool = False  # early stopping or the time budget ended the epochs
+    stopped_by: str | None = None  # which of the two did, for results.json
     init_items_from: str | None = None  # the run whose item vectors initialised the model (a refit needs it)
     dataset_fingerprint: str | None = None  # what it trains on: a resume on other data is refused
     auto: list[dict[str, Any]] = field(default_factory=list)  # what the auto settings decided (config.json has the
