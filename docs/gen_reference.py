@@ -121,9 +121,11 @@ API: list[tuple[str, list[str]]] = [
                              "read_lcrec", "read_movielens", "read_diginetica"]),
     ("seqrec.data.prepare", ["PrepareOptions", "prepare"]),
     ("seqrec.data.dataset", ["PreparedDataset"]),
+    ("seqrec.data.fetch", ["seqrec_home"]),
     ("seqrec.config", ["resolve", "load_toml", "parse_override", "RunConfig", "DataConfig", "TrainConfig",
                        "EvalConfig"]),
     ("seqrec.train.loop", ["fit"]),
+    ("seqrec.train.checkpoint", ["load_checkpoint", "save_checkpoint"]),
     ("seqrec.eval.evaluate", ["evaluate", "protocol"]),
 ]
 NO_DOC = "*(no docstring)*"
@@ -165,12 +167,21 @@ def _signature(name: str, obj: Any, method: bool = False) -> str:
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """The comment at the end of each field's line in the class source: the field's documentation."""
+    """Each field's documentation in the class source: the comment lines just above it, then the comment at
+    the end of its line."""
     comments: dict[str, str] = {}
+    above: list[str] = []
     for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.*)$", line)
-        if m:
-            comments[m.group(1)] = m.group(2).strip()
+        block = re.match(r"\s+#\s*(.*)$", line)
+        if block:
+            above.append(block.group(1).strip())
+            continue
+        m = re.match(r"\s+(\w+)\s*:[^#=]*(?:=[^#]*)?(?:#\s*(.*))?$", line)
+        if m and not line.lstrip().startswith(("def ", "return", "@")):
+            text = " ".join([*above, m.group(2) or ""]).strip()
+            if text:
+                comments[m.group(1)] = text
+        above = []
     return comments
 
 
@@ -251,7 +262,8 @@ def _model_configs() -> list[str]:
              "The `[model]` section of a run config; `name` picks the class (`seqrec.registry.MODELS`).", ""]
     for name, (cfg, model) in MODELS.items():
         lines += [f"### `{name}`: `{cfg.__module__}.{cfg.__name__}`", ""]
-        first = (inspect.getdoc(model) or "").split("\n\n")[0]
+        own = model.__doc__ or sys.modules[model.__module__].__doc__ or ""  # not nn.Module's docstring
+        first = inspect.cleandoc(own).split("\n\n")[0]
         if first:
             lines += [first, ""]
         groups = getattr(cfg, "TRAIN_DEFAULTS", ())

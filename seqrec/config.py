@@ -39,7 +39,7 @@ class DataConfig:
     # draw the window boundaries afresh each epoch (seqrec.data.batching.TrainBatches); "auto": when windows overlap
     jitter: bool | Literal["auto"] = "auto"
     train_fraction: float = 1.0  # learn from the training events of this share of the users (seeded); all are evaluated
-    train_fraction_seed: int = 0
+    train_fraction_seed: int = 0  # which users data.train_fraction samples
 
     def __post_init__(self) -> None:
         if self.max_len < 1:
@@ -54,19 +54,19 @@ class DataConfig:
 class TrainConfig:
     """`[train]`: optimiser, epochs and early stopping, refit, weight averaging, device."""
 
-    epochs: int = 200
+    epochs: int = 200  # at most this many epochs (early stopping and time_budget_s end sooner)
     # "auto": 128, smaller only when a step would not fit the device's free memory (seqrec.train.auto)
     batch_size: int | Literal["auto"] = "auto"
-    lr: float = 1e-3
-    optimizer: Literal["adam", "adamw"] = "adam"
-    weight_decay: float = 0.0
+    lr: float = 1e-3  # the optimiser's learning rate
+    optimizer: Literal["adam", "adamw"] = "adam"  # adamw: decoupled weight decay
+    weight_decay: float = 0.0  # L2 (adam) or decoupled (adamw) decay
     clip_grad: float = 5.0  # max gradient norm; 0 disables clipping
     patience: int = 10  # epochs without a better validation NDCG@10 before stopping
     bf16: bool = False  # bf16 autocast (CPU and CUDA)
-    seed: int = 42
+    seed: int = 42  # weights, batches, dropout: the same seed gives the same run
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
-    eval_every: int = 1
+    eval_every: int = 1  # validate every this many epochs (patience counts validations)
     progress: bool = True  # progress bars, on a terminal (not when the output goes to a file or pipe)
     time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
     refit: bool = False  # after choosing the epoch count on validation, retrain on train + valid events and test that
@@ -76,7 +76,7 @@ class TrainConfig:
     sparse_items: bool | Literal["auto"] = "auto"
     # fine-tuning a pre-trained model: the weights a x fine-tuned + (1 - a) x pre-trained are validated for each a
     # here and kept when one beats both ends (weight-space ensembling, WiSE-FT; seqrec.train.transfer); [] = off
-    interpolate: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])  # fine-tuning: mixes a tried
+    interpolate: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
@@ -96,7 +96,7 @@ class TrainConfig:
 class EvalConfig:
     """`[eval]`: cut-offs K, whether seen items are filtered, batch and memory budget."""
 
-    ks: list[int] = field(default_factory=lambda: [10, 50])
+    ks: list[int] = field(default_factory=lambda: [10, 50])  # the cutoffs K of Recall/NDCG/MRR@K
     filter_seen: bool = False  # remove already-seen items from the ranking (off: honest default)
     batch_size: int = 1024  # users encoded at once
     budget: int = 1 << 25  # scores held in memory at once while ranking

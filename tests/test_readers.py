@@ -164,6 +164,24 @@ def test_recbole_without_time_or_items(tmp_path: Path) -> None:
     assert raw.items is None
 
 
+def test_recbole_fields_named_as_recbole_names_them(tmp_path: Path) -> None:
+    """USER_ID_FIELD / ITEM_ID_FIELD / TIME_FIELD other than RecBole's defaults: --user-col, --item-col,
+    --time-col (the item field names the item file's too)."""
+    write(tmp_path / "d.inter", "uid:token\tiid:token\tts:float\nu1\ta\t2\nu1\tb\t1\n")
+    write(tmp_path / "d.item", "iid:token\ttitle:token_seq\na\tThe A\nb\tThe B\n")
+    raw = read_recbole(tmp_path, user_col="uid", item_col="iid", time_col="ts")
+    assert_frame_equal(raw.interactions.frame, events(["u1", "u1"], ["a", "b"], [2.0, 1.0]))
+    assert raw.items is not None and raw.items.frame["item"].to_list() == ["a", "b"]
+    assert raw.items.frame["title"].to_list() == ["The A", "The B"]
+    with pytest.raises(SeqrecError, match=r"d\.inter: no field 'when' \(the time field\); fields are uid, iid, ts"):
+        read_recbole(tmp_path, user_col="uid", item_col="iid", time_col="when")
+    from seqrec.cli import main
+
+    assert main(["data", "prepare", "d", "--format", "recbole", "--path", str(tmp_path), "--user-col", "uid",
+                 "--item-col", "iid", "--time-col", "ts", "--split", "time", "--min-user-len", "1",
+                 "--out", str(tmp_path / "prepared")]) == 0
+
+
 def test_recbole_errors(tmp_path: Path) -> None:
     path = write(tmp_path / "a.inter", "user_id:token\titem_id:token\tts:float\nu\ti\t1\nu\ti\n")
     with pytest.raises(SeqrecError, match=r"a\.inter, line 3: expected 3 TAB-separated fields"):
@@ -175,7 +193,7 @@ def test_recbole_errors(tmp_path: Path) -> None:
     with pytest.raises(SeqrecError, match=r"a\.inter, line 1: header field 'item_id' needs a type"):
         read_recbole(path)
     write(path, "uid:token\titem_id:token\nu\ti\n")
-    with pytest.raises(SeqrecError, match=r"a\.inter: no user_id field; fields are uid, item_id"):
+    with pytest.raises(SeqrecError, match=r"a\.inter: no user_id field \(--user-col names another\); fields are uid"):
         read_recbole(path)
     with pytest.raises(SeqrecError, match=r"missing\.inter: RecBole interaction file not found"):
         read_recbole(tmp_path, name="missing")

@@ -209,3 +209,28 @@ def test_precision_is_recorded_but_not_part_of_the_cache_key(tiny_dataset: Prepa
     assert text_embeddings(tiny_dataset, replace(base, precision="bf16")).reused
     with pytest.raises(SeqrecError, match="text precision"):
         TextOptions(precision="fp16")  # type: ignore[arg-type]
+
+
+def test_only_pretraining_encodes_the_word_dropped_view(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models take the first view only: without `word_drop_view` one view is encoded (and an entry with both
+    serves); pre-training then encodes only the dropped texts, beside the first view it finds."""
+    import seqrec.data.text as text_module
+
+    encoded: list[int] = []
+    real = text_module._encode
+    monkeypatch.setattr(text_module, "_encode",
+                        lambda enc, texts, *a: encoded.append(len(texts)) or real(enc, texts, *a))
+    options = TextOptions(encoder=str(encoder_dir), max_length=16, word_drop=0.3)
+    first = text_embeddings(tiny_dataset, options, encoder_factory=Counting(), word_drop_view=False)
+    assert not first.reused and first.emb_word_drop is None and first.meta["word_drop"] == 0.0
+    assert encoded == [tiny_dataset.n_items]  # one view
+    both = text_embeddings(tiny_dataset, options, encoder_factory=Counting())
+    assert not both.reused and both.emb_word_drop is not None and torch.equal(both.emb, first.emb)
+    assert encoded == [tiny_dataset.n_items] * 2  # only the dropped view encoded here
+    again = text_embeddings(tiny_dataset, options, encoder_factory=Counting(), word_drop_view=False)
+    assert again.reused and torch.equal(again.emb, first.emb) and len(encoded) == 2
+    shutil.rmtree(tiny_dataset.path / "text_cache")  # both views at once from nothing: the same vectors
+    fresh = text_embeddings(tiny_dataset, options, encoder_factory=Counting())
+    assert fresh.emb_word_drop is not None and both.emb_word_drop is not None
+    assert torch.equal(fresh.emb, both.emb) and torch.equal(fresh.emb_word_drop, both.emb_word_drop)

@@ -217,21 +217,55 @@ def test_zero_shot_scores_depend_only_on_item_text(setup: tuple[Path, Path, Path
     assert abs(scores[i3] - scores[i7]) <= 1e-6 * abs(scores[i3]) and abs(scores[i3] - scores[i5]) > 1e-3
 
 
+@pytest.mark.parametrize("setting", ["inductive", "transductive"])
 def test_fine_tuning_can_choose_its_starting_point(setup: tuple[Path, Path, Path], tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+                                                    capsys: pytest.CaptureFixture[str], setting: str) -> None:
     """Epoch 0 (the pre-trained model as it came) is a validation candidate: an update too small to change
-    any weight cannot beat it, so the run keeps it, and it scores as the zero-shot run does."""
+    any weight cannot beat it, so the run keeps it, and it scores as the zero-shot run does (transductive
+    too: its new ID vectors start at zero)."""
     enc, a, b = setup
     pre, ft, zs = tmp_path / "pre", tmp_path / "ft", tmp_path / "zs"
     run(capsys, "pretrain", "--datasets", str(b), "--out", str(pre), *TINY, "--set", f'model.text_encoder="{enc}"',
         "--set", "pretrain.epochs=1", "--set", "pretrain.max_len=8", "--set", "pretrain.batch_size=16",
         "--set", "pretrain.progress=false")
     run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "zero-shot", "--out", str(zs))
-    run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "inductive", "--out", str(ft),
+    run(capsys, "finetune", str(a), "--from", str(pre), "--setting", setting, "--out", str(ft),
         "--set", "train.epochs=2", "--set", "train.lr=1e-15", "--set", "train.progress=false")
     results = json.loads((ft / "results.json").read_text())
     assert results["checkpoint"]["epoch"] == 0 and results["epochs_run"] == 2
     assert results["valid"] == json.loads((zs / "results.json").read_text())["valid"]
+
+
+def test_fine_tuning_keeps_the_text_vectors_the_adaptor_learnt_from(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The encoder's pooling (and length, revision, centring) is the pre-trained model's: a recipe's other
+    value is dropped with a log line, a --set of one is refused; the missing-text policy is the target's."""
+    from dataclasses import replace
+
+    enc, a, b = setup
+    pre = tmp_path / "pre"
+    run(capsys, "pretrain", "--datasets", str(b), "--out", str(pre), *TINY, "--set", f'model.text_encoder="{enc}"',
+        "--set", "model.text_pooling=cls", "--set", 'model.text_missing="id"', "--set", "pretrain.epochs=1",
+        "--set", "pretrain.max_len=8", "--set", "pretrain.batch_size=16", "--set", "pretrain.progress=false")
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[model]\ntext_pooling = "mean"\ndropout = 0.3\n[train]\nepochs = 1\nprogress = false\n')
+    ft = tmp_path / "ft"
+    with caplog.at_level("INFO", logger="seqrec.train.transfer"):
+        run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "inductive", "--config", str(recipe),
+            "--out", str(ft))
+    assert "model.text_pooling = cls from the pre-trained model" in caplog.text
+    config = json.loads((ft / "config.json").read_text())["model"]
+    assert config["text_pooling"] == "cls" and config["dropout"] == 0.3 and config["text_missing"] == "auto"
+    assert main(["finetune", str(a), "--from", str(pre), "--setting", "inductive", "--out", str(tmp_path / "x"),
+                 "--set", "model.text_pooling=mean"]) == 2
+    assert "model.text_pooling=mean does not fit the pre-trained model" in capsys.readouterr().err
+    # a target whose items have no text: zero-shot is refused (it was served from "item <id>" stand-ins)
+    raw = synthetic_log(seed=3)
+    bare = prepare(replace(raw, items=None), PrepareOptions(), tmp_path / "bare").path
+    zero = ["finetune", str(bare), "--from", str(pre), "--setting", "zero-shot", "--out", str(tmp_path / "z")]
+    assert main(zero) == 2
+    assert "have no text" in capsys.readouterr().err
 
 
 def test_zero_shot_carries_the_history_bias_learnt_in_pretraining(setup: tuple[Path, Path, Path], tmp_path: Path,

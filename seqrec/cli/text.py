@@ -154,7 +154,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     enc.add_argument("--missing", choices=["auto", "error", "id", "mean"], default="auto",
                      help="items without text: error, the text 'item <id>', or the mean vector; auto = the mean "
                           "for at most 1%% of the items (with a warning), an error for more")
-    enc.add_argument("--word-drop", type=float, default=0.15, help="word-drop rate of the augmented view (0: none)")
+    enc.add_argument("--word-drop", type=float, default=0.0,
+                     help="also encode pre-training's augmented view, each word dropped at this rate (0: only the "
+                          "vectors models use; pre-training encodes its view itself, beside these)")
     enc.add_argument("--batch-size", type=int, default=64,
                      help="texts of 64 tokens per batch: a batch holds this x 64 padded tokens")
     enc.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",

@@ -89,39 +89,50 @@ def _find_prefix(dir_or_prefix: Path, name: str | None) -> Path:
     return path
 
 
-def read_recbole(dir_or_prefix: Path, name: str | None = None) -> RawDataset:
-    """RecBole atomic `<name>.inter` (+ `<name>.item` when present) from a folder or prefix."""
+def read_recbole(dir_or_prefix: Path, name: str | None = None, user_col: str | None = None,
+                 item_col: str | None = None, time_col: str | None = None) -> RawDataset:
+    """RecBole atomic `<name>.inter` (+ `<name>.item` when present) from a folder or prefix. The fields are
+    RecBole's defaults (`user_id`, or `session_id`; `item_id`; `timestamp`) unless named, as RecBole's
+    USER_ID_FIELD / ITEM_ID_FIELD / TIME_FIELD name them (the item field in both files)."""
     prefix = _find_prefix(Path(dir_or_prefix), name)
     inter_path = prefix.with_name(prefix.name + ".inter")
     if not inter_path.is_file():
         raise SeqrecError(f"{inter_path}: RecBole interaction file not found")
     body, types = read_atomic(inter_path)
-    rename = {f: t for f, t in _INTER_RENAME.items() if f in types}
-    if "user_id" not in types and "session_id" in types:
+    for given, flag in ((user_col, "user"), (item_col, "item"), (time_col, "time")):
+        if given is not None and given not in types:
+            raise SeqrecError(f"{inter_path}: no field {given!r} (the {flag} field); fields are {', '.join(types)}")
+    named = {user_col or "user_id": "user", item_col or "item_id": "item", time_col or "timestamp": "timestamp"}
+    rename = {f: t for f, t in named.items() if f in types}
+    if user_col is None and "user_id" not in types and "session_id" in types:
         rename["session_id"] = "user"
     for need in ("user", "item"):
         if need not in rename.values():
             fields = ", ".join(types)
-            raise SeqrecError(f"{inter_path}: no {need}_id field; fields are {fields}")
-    if "timestamp" in types:
-        types["timestamp"] = "float"
+            raise SeqrecError(f"{inter_path}: no {need}_id field (--{need}-col names another); fields are {fields}")
+    time_field = next((f for f, t in rename.items() if t == "timestamp"), None)
+    if time_field is not None:
+        types[time_field] = "float"
     frame = body.select(_typed(body, types, inter_path)).rename(rename)
     items = None
     item_path = prefix.with_name(prefix.name + ".item")
     if item_path.is_file():
-        items = _read_items(item_path)
+        items = _read_items(item_path, item_col or "item_id")
     log.info("read %s: %d interactions", inter_path, frame.height)
     return make_dataset(frame, items, prefix.name, inter_path)
 
 
-def _read_items(path: Path) -> pl.DataFrame:
+def _read_items(path: Path, item_field: str = "item_id") -> pl.DataFrame:
     body, types = read_atomic(path)
-    if "item_id" not in types:
-        raise SeqrecError(f"{path}: no item_id field; fields are {', '.join(types)}")
+    if item_field not in types:
+        raise SeqrecError(f"{path}: no {item_field} field; fields are {', '.join(types)}")
+    names = {**_ITEM_RENAME, item_field: "item"}
+    if item_field != "item_id":
+        names.pop("item_id")
     exprs = []
-    taken = {f for f in types if _ITEM_RENAME.get(f, f) == f}
+    taken = {f for f in types if names.get(f, f) == f}
     for field, kind in types.items():
-        target = _ITEM_RENAME.get(field, field)
+        target = names.get(field, field)
         if target != field:
             target = field if target in taken else target
             taken.add(target)

@@ -246,17 +246,21 @@ def cache_key(options: TextOptions, source: str, revision: str | None, thash: st
 
 
 def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(), progress: bool = False,
-                    encoder_factory: Callable[[TextOptions], TextEncoder] | None = None) -> TextEmbeddings:
+                    encoder_factory: Callable[[TextOptions], TextEncoder] | None = None,
+                    word_drop_view: bool = True) -> TextEmbeddings:
     """The (N+1, D) text vectors of `data`'s items, from the cache when nothing changed. With
     `missing="auto"` and more items without text than it stands in for, vectors that `seqrec text encode
-    --missing id | mean` built for the same texts serve (the policy chosen there); else it is an error."""
+    --missing id | mean` built for the same texts serve (the policy chosen there); else it is an error.
+    `word_drop_view`: the word-dropped view (`options.word_drop`) is wanted too (pre-training's
+    augmentation); without it, an entry with or without that view serves, and a new one has none. An entry
+    without it gives pre-training its first view, so only the dropped texts are encoded then."""
     table = data.item_table.sort("idx")
     raw_ids = table["item"].to_list()
     texts, missing, policy = fill_missing(item_texts(table, options.template), raw_ids, options.missing)
     folder = data.path / "text_cache"
     if policy == "auto" and missing.any():  # more than "auto" stands in for
         for chosen in ("id", "mean"):
-            found, _, _ = _cached(folder, replace(options, missing=chosen), texts, missing)
+            found = _lookup(folder, replace(options, missing=chosen), texts, missing, word_drop_view)[0]
             if found is not None:
                 log.warning("%s: text_missing='auto' takes the vectors `seqrec text encode --missing %s` (or a run "
                             "with text_missing=%r) built for them", share_without_text(missing, raw_ids), chosen,
@@ -264,19 +268,23 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
                 return _reuse(found)
         raise too_many_missing(missing, raw_ids)
     options = replace(options, missing=policy)  # what applied is what the cache key records
-    found, key, path = _cached(folder, options, texts, missing)
+    found, key, path = _lookup(folder, options, texts, missing, word_drop_view)
     if found is not None:
         return _reuse(found)
+    if not word_drop_view:
+        options = replace(options, word_drop=0.0)  # a new entry of the vectors models use, no more
+    first = None if options.word_drop == 0 else _cached(folder, replace(options, word_drop=0.0), texts, missing)[0]
     encoder = (encoder_factory or _default_factory)(options)
     t0 = time.perf_counter()
-    emb = _encode(encoder, texts, missing, options, progress)
+    emb = load_file(str(first))["emb"] if first is not None else _encode(encoder, texts, missing, options, progress)
     aug = None
     if options.word_drop > 0:
         dropped = word_drop(texts, options.word_drop, options.seed)
         aug = _encode(encoder, dropped, missing, options, progress)
     seconds = time.perf_counter() - t0
+    encoded = (first is None) + (aug is not None)  # views encoded here
     meta = {**key, "n_items": len(texts), "dim": int(emb.shape[1]), "n_missing": int(missing.sum()),
-            "seconds": seconds, "texts_per_s": len(texts) * (2 if aug is not None else 1) / max(seconds, 1e-9),
+            "seconds": seconds, "texts_per_s": len(texts) * encoded / max(seconds, 1e-9),
             "options": asdict(options), "precision": encoder.precision}
     tensors = {"emb": emb} | ({"emb_word_drop": aug} if aug is not None else {})
     folder.mkdir(exist_ok=True)
@@ -284,8 +292,8 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     save_file(tensors, str(tmp))
     os.replace(tmp, path)  # the vectors file appears last and whole: its presence marks a complete entry
-    log.info("encoded %d items x %d view(s) in %.1fs (%.0f texts/s) -> %s", len(texts), 1 + (aug is not None),
-             seconds, meta["texts_per_s"], path)
+    log.info("encoded %d items x %d view(s) in %.1fs (%.0f texts/s)%s -> %s", len(texts), encoded, seconds,
+             meta["texts_per_s"], f" beside the first view of {first}" if first is not None else "", path)
     return TextEmbeddings(emb, aug, path, False, meta)
 
 
@@ -308,6 +316,16 @@ def _cached(folder: Path, options: TextOptions, texts: list[str], missing: np.nd
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = folder / f"{digest}.safetensors"
     return (path if path.is_file() else _matching_entry(folder, key)), key, path
+
+
+def _lookup(folder: Path, options: TextOptions, texts: list[str], missing: np.ndarray, word_drop_view: bool
+            ) -> tuple[Path | None, dict, Path]:
+    """`_cached`; without `word_drop_view`, an entry made without the word-dropped view serves too, and a new
+    entry's key and path are those of one without it."""
+    found, key, path = _cached(folder, options, texts, missing)
+    if found is not None or word_drop_view or options.word_drop == 0:
+        return found, key, path
+    return _cached(folder, replace(options, word_drop=0.0), texts, missing)
 
 
 def _reuse(path: Path) -> TextEmbeddings:

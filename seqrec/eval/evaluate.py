@@ -33,6 +33,8 @@ def protocol(data: PreparedDataset, cfg: EvalConfig, which: str, max_len: int,
     options = data.meta["options"]
     return {
         **({} if model is None else {"history_bias": model.history is not None}),
+        **({} if data.training_users is None else  # data.train_fraction: the users whose events trained it
+           {"training_users": f"{int(data.training_users.sum()):,} of {data.n_users:,} (data.train_fraction)"}),
         "split": options.get("split", "leave-one-out"),
         **{k: options[k] for k in ("valid_from", "test_from") if k in options},  # a time split's cutoffs
         "evaluated_on": which,

@@ -142,7 +142,7 @@ class UniSRec(SequentialModel):
     def from_dataset(cls, config: UniSRecConfig, data: PreparedDataset, max_len: int,
                      progress: bool = False, features: FeatureInputs | None = None) -> UniSRec:
         """Build with `data`'s item text vectors (from the text cache, encoded once if absent)."""
-        text = text_embeddings(data, config.text_options(), progress=progress).emb
+        text = text_embeddings(data, config.text_options(), progress=progress, word_drop_view=False).emb
         if text.shape[1] != config.text_dim:
             raise SeqrecError(f"the text encoder gives {text.shape[1]}-d vectors; set model.text_dim={text.shape[1]}")
         model = cls(config, data.n_items, max_len, text, features)

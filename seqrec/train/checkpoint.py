@@ -198,6 +198,10 @@ def verify_checkpoint(path: Path) -> None:
 
 
 def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[SequentialModel, dict[str, Any]]:
+    """The model saved in the checkpoint folder `path` (a run's `checkpoint/`, or `checkpoint-selected/`), every
+    weight file checked against the sha256 its `model.json` records, and that JSON (`meta`: the model's config,
+    `max_len`, `n_items`, `epoch`; `refit` when the model was trained again on training + validation events,
+    so it must not be validated)."""
     path = Path(path)
     meta = _verify(path)
     config = build(model_config_class(meta["model"]), meta["config"], "model")

@@ -381,8 +381,8 @@ def final_results(model: SequentialModel, test_model: SequentialModel, data: Pre
     tested = evaluate(test_model, data, "test", L, cfg.eval, device) if test else None
     selection = f"best validation {selection_metric(cfg.eval.ks)}"
     if cfg.train.refit:
-        selection += (f"; the tested model was then trained again from scratch for {best_epoch} epochs on "
-                      "training + validation events")
+        selection += (f"; the tested model was then trained again from its starting point (the seed's initial "
+                      f"weights, or the pre-trained model) for {best_epoch} epochs on training + validation events")
     return {
         "seqrec_version": __version__,
         "model": cfg.model.name,

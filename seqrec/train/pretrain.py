@@ -255,6 +255,9 @@ def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path, recip
     return results
 
 
+PROGRESS_EVERY = 200  # steps between the log lines of an epoch
+
+
 def train_epochs(trainer: Pretrainer, opt: torch.optim.Optimizer, batches: TrainBatches, cfg: PretrainConfig,
                  run_dir: Path) -> list[dict[str, Any]]:
     model, history, steps, start = trainer.model, [], 0, time.perf_counter()
@@ -263,6 +266,9 @@ def train_epochs(trainer: Pretrainer, opt: torch.optim.Optimizer, batches: Train
         model.train()
         sums, n, seqs, targets, t0 = np.zeros(2), 0, 0, 0, time.perf_counter()
         for batch in tqdm(batches, desc=f"pretrain {epoch}", disable=None if cfg.progress else True, leave=False):
+            if n and n % PROGRESS_EVERY == 0:  # a line now and then, where no progress bar shows (a log file)
+                log.info("pretrain epoch %d: %d steps, loss %.4f so far, %.0f s", epoch, n,
+                         (sums[0] + cfg.lam * sums[1]) / n, time.perf_counter() - start)
             si, ss = trainer.losses(batch)
             loss = si + cfg.lam * ss
             opt.zero_grad(set_to_none=True)
@@ -288,7 +294,10 @@ def train_epochs(trainer: Pretrainer, opt: torch.optim.Optimizer, batches: Train
             fh.write(json.dumps(row) + "\n")
         log.info("pretrain epoch %d: loss %.4f (seq-item %.4f, seq-seq %.4f), %.0f sequences/s", epoch,
                  row["loss"], row["loss_seq_item"], row["loss_seq_seq"], row["sequences_per_s"])
-        if (cfg.max_steps and steps >= cfg.max_steps) or (
-                cfg.time_budget_s and time.perf_counter() - start > cfg.time_budget_s):
+        if cfg.max_steps and steps >= cfg.max_steps:
+            log.info("pretrain.max_steps = %d reached", cfg.max_steps)
+            break
+        if cfg.time_budget_s and time.perf_counter() - start > cfg.time_budget_s:
+            log.info("time budget of %.0f s reached (pretrain.time_budget_s) after %d steps", cfg.time_budget_s, steps)
             break
     return history

@@ -47,8 +47,12 @@ Setting = Literal["inductive", "transductive"]
 # tensors that belong to one catalogue
 PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight")
 HISTORY = "history.theta"  # carried over when both models have a history bias
-# model settings that fix the shape or the meaning of pre-trained weights: the checkpoint decides them
-ARCHITECTURE = ("d", "n_layers", "n_heads", "d_ff", "n_experts", "text_dim")
+# model settings that fix the shape or the meaning of pre-trained weights: the checkpoint decides them (the
+# adaptor learnt from the vectors of one encoder, pooling and length, centred or not)
+ARCHITECTURE = ("d", "n_layers", "n_heads", "d_ff", "n_experts", "text_dim", "text_encoder", "text_revision",
+                "text_pooling", "text_max_length", "text_centre")
+# settings of the pre-training domains, not of a target: a target takes the model's default unless given
+PER_TARGET = ("text_missing",)
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -70,7 +74,9 @@ def finetune_config(pretrained: Path, setting: Setting, overrides: dict[str, Any
     item_ids = setting == "transductive"  # the setting decides; a contradicting override is an error
     if overrides.pop("item_ids", item_ids) != item_ids:
         raise SeqrecError(f"model.item_ids contradicts --setting {setting}; drop it from the config")
-    values = {**meta["config"], "freeze_encoder": True, "whitening_init": False, **overrides, "item_ids": item_ids}
+    targets = {f.name: f.default for f in dataclasses.fields(UniSRecConfig) if f.name in PER_TARGET}
+    values = {**meta["config"], **targets, "freeze_encoder": True, "whitening_init": False, **overrides,
+              "item_ids": item_ids}
     return build(UniSRecConfig, values, "model")
 
 
@@ -125,6 +131,9 @@ def finetune_model(pretrained: Path, data: PreparedDataset, config: UniSRecConfi
         raise SeqrecError(f"{ckpt}: weights do not fit ({first}); {fit}") from None
     if unexpected or set(missing) - {*PER_DOMAIN, HISTORY}:
         raise SeqrecError(f"{ckpt}: weights do not fit (missing {missing}, unexpected {unexpected}); {fit}")
+    if model.item_emb is not None:  # transductive: the new ID vectors start at zero, so the model fine-tuning
+        with torch.no_grad():  # starts from (validated as its epoch 0) is the zero-shot one
+            model.item_emb.weight.zero_()
     if trained:  # (zero-shot uses it as it is: nothing is trained)
         n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
         log.info("fine-tuning from %s: %d parameters frozen, %d trained", ckpt, n_frozen,
