@@ -10,6 +10,8 @@ import pytest
 from seqrec.cli import main
 from tests.conftest import synthetic_log
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -106,6 +108,8 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
         (["train", "--dataset", "toy", "--set", "model.dd=3"], "model.dd"),
         (["train", "--dataset", "toy", "--set", "train.lr=fast"], "train.lr"),
         (["train", "--dataset", "toy", "--model", "gpt"], "unknown model"),
+        (["train", "--dataset", "toy", "--model", "sasrec", "--config", str(REPO / "configs" / "ml-100k-gru4rec.toml")],
+         "--model sasrec contradicts"),  # it trained SASRec with GRU4Rec's settings
         (["recommend", "{home}/nowhere", "--history", "i1"], "no checkpoint"),
     ],
 )
@@ -129,13 +133,14 @@ def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> Non
         (["--history", "i1 zzz"], "unknown item id(s) in history: 'zzz'"),
         (["--history", "i1", "-k", "31"], "k=31"),
         (["--user", "nobody"], "unknown user"),
+        (["--user", "u0", "-k", "31"], "k=31"),  # the user's history was printed before the error
         (["--history", '["i1", "Zed, Inc. 2"]'], "unknown item id(s) in history: 'Zed, Inc. 2'"),  # kept whole
         (["--history", '["i1", 2.5]'], "--history: a JSON array of item ids holds strings (or integers), not 2.5"),
         (["--history", '["i1"'], "--history: not a JSON array of item ids"),
         (["--history", "i1", "--candidates", '["i2", null]'], "--candidates: a JSON array of item ids holds"),
     ]:
-        code, _, err = run(capsys, "recommend", str(run_dir), *argv)
-        assert code == 2 and message in err, err
+        code, out, err = run(capsys, "recommend", str(run_dir), *argv)
+        assert code == 2 and message in err and out == "", (err, out)  # nothing printed before the error
     # a JSON array names the same items as the split form
     plain = run(capsys, "recommend", str(run_dir), "--history", "i1, i2 i3", "-k", "3")
     assert run(capsys, "recommend", str(run_dir), "--history", '["i1", "i2", "i3"]', "-k", "3") == plain

@@ -149,3 +149,11 @@ def print_metrics(results: dict[str, Any]) -> None:
             print(f"{split:<11}" + f"{'(no such targets)':>{12 * len(ks) * len(names)}}" + users)
             continue
         print(f"{split:<11}" + "".join(f"{row[f'{m}@{k}']:>12.4f}" for k in ks for m in names) + users)
+
+
+def check_model_flag(raw: dict[str, Any], model: str | None, config: str | None) -> None:
+    """`--model` beside a config written for another model is refused: its settings are that model's."""
+    named = raw.get("model", {}).get("name") if isinstance(raw.get("model"), dict) else None
+    if model and named and named != model:
+        raise SeqrecError(f"--model {model} contradicts {config}, a config for {named} (its [model] and [train] "
+                          f"settings are {named}'s): drop --model, or give a config for {model}")

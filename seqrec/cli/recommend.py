@@ -163,13 +163,12 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
 
 def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
     """--history or --user: the top-k as a table on stdout."""
+    said: list[str] = []  # the user's history, printed once the request is known to be answered
     if args.user is not None:
         history, times, events = user_history(Path(args.run), args.user)
         titles = rec.titles or [None] * rec.n_items
-        print(f"user {args.user}: {len(history)} items; the last {min(10, len(history))}:")
-        for raw in history[-10:]:
-            title = titles[rec.index[raw] - 1]
-            print(f"       {raw:<12} {title or ''}")
+        said.append(f"user {args.user}: {len(history)} items; the last {min(10, len(history))}:")
+        said += [f"       {raw:<12} {titles[rec.index[raw] - 1] or ''}" for raw in history[-10:]]
     else:
         history = id_list(args.history, "--history")
         times = [number(t, "--times") for t in args.times.replace(",", " ").split()] if args.times else None
@@ -187,6 +186,8 @@ def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
     candidates = id_list(args.candidates, "--candidates") if args.candidates is not None else None
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)
+    if said:
+        print("\n".join(said))
     if args.user is not None:
         fewer = f" (of k={args.k}: no more items are left)" if len(recs) < args.k else ""
         print(f"top {len(recs)}{' (seen items excluded)' if args.exclude_seen else ''}{fewer}:")

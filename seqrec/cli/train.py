@@ -9,7 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqrec.cli.common import dataset_ref, print_metrics, resolve_dataset, run_config, run_folder, run_progress
+from seqrec.cli.common import (
+    check_model_flag,
+    dataset_ref,
+    print_metrics,
+    resolve_dataset,
+    run_config,
+    run_folder,
+    run_progress,
+)
 from seqrec.errors import SeqrecError, not_a_run
 
 
@@ -21,6 +29,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         return resume_train(Path(args.resume), args)
     raw = load_toml(Path(args.config)) if args.config else {}
+    check_model_flag(raw, args.model, args.config)
     overrides = list(args.set or [])
     if args.dataset:
         overrides.insert(0, f'data.dataset="{args.dataset}"')
@@ -149,6 +158,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from seqrec.config import load_toml
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.tune import base_config, tune
 
@@ -156,6 +166,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise SeqrecError("seqrec tune runs in one process (its trials run side by side with --jobs), not under "
                           "torchrun; train the chosen settings under torchrun afterwards")
     data = PreparedDataset.load(resolve_dataset(args.dataset))
+    check_model_flag(load_toml(Path(args.config)) if args.config else {}, args.model, args.config)
     base = base_config(Path(args.config) if args.config else None, args.model, str(data.path), list(args.set or []))
     if not args.budget > 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1 or args.seed < 0:
         raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1, --seed >= 0; got --budget "

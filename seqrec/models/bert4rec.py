@@ -100,6 +100,7 @@ class BERT4RecConfig:
 
 class BERT4Rec(SequentialModel):
     name = "bert4rec"
+    may_leave_parameters_unused = False  # every parameter is in every loss: DDP need not look for unused ones
 
     def __init__(self, config: BERT4RecConfig, n_items: int, max_len: int,
                  features: FeatureInputs | None = None) -> None:

@@ -127,6 +127,7 @@ class GRU4RecConfig:
 
 class GRU4Rec(SequentialModel):
     name = "gru4rec"
+    may_leave_parameters_unused = False  # every parameter is in every loss: DDP need not look for unused ones
 
     def __init__(self, config: GRU4RecConfig, n_items: int, max_len: int,
                  features: FeatureInputs | None = None) -> None:

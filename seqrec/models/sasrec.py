@@ -75,6 +75,7 @@ class SASRecConfig:
 
 class SASRec(SequentialModel):
     name = "sasrec"
+    may_leave_parameters_unused = False  # every parameter is in every loss: DDP need not look for unused ones
 
     def __init__(self, config: SASRecConfig, n_items: int, max_len: int,
                  features: FeatureInputs | None = None) -> None:

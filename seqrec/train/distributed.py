@@ -117,5 +117,7 @@ def loss_module(model: SequentialModel, world: World, device: torch.device) -> n
     if not world.distributed:
         return module
     ids = [device.index] if device.type == "cuda" else None
-    # some configurations leave a parameter out of the loss (UniSRec's noise gate with gate_noise=false)
-    return nn.parallel.DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True)
+    # a model whose loss may leave a parameter out (UniSRec's noise gate with gate_noise=false) has DDP look for
+    # them each step; the others not (DDP would warn on every rank that it looked for nothing)
+    unused = getattr(model, "may_leave_parameters_unused", True)
+    return nn.parallel.DistributedDataParallel(module, device_ids=ids, find_unused_parameters=unused)
