@@ -1,4 +1,4 @@
-"""`seqrec train` (and `train --resume`), `seqrec evaluate` and `seqrec tune`."""
+"""`seqrec train` (and `train --resume`), `seqrec evaluate`, `seqrec tune` and `seqrec compare`."""
 
 from __future__ import annotations
 
@@ -194,6 +194,39 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    import csv
+    import sys
+
+    from seqrec.eval.compare import compare_runs, label
+
+    groups, differ = compare_runs(args.runs)
+    available = [m for m in groups[0].metrics if all(m in g.metrics for g in groups)]
+    wanted = [m.strip() for m in args.metrics.split(",")] if args.metrics else \
+        [m for m in ("valid ndcg@10", "test recall@10", "test ndcg@10") if m in available] or available[:3]
+    unknown = [m for m in wanted if m not in available]
+    if unknown:
+        raise SeqrecError(f"--metrics: {', '.join(unknown)} not in every run; they hold {', '.join(available)}")
+    rows: list[dict[str, Any]] = [
+        {"group": label(g, differ), "runs": len(g.runs), "seeds": " ".join(map(str, g.seeds)),
+         **{m: (round(g.mean(m), 6), round(g.std(m), 6)) for m in wanted}} for g in groups]
+    if args.format == "json":
+        print(json.dumps([{**r, "paths": g.runs} for r, g in zip(rows, groups, strict=True)], indent=2))
+        return 0
+    if args.format == "csv":
+        out = csv.writer(sys.stdout)
+        out.writerow(["group", "runs", "seeds", *(f"{m} {w}" for m in wanted for w in ("mean", "std"))])
+        out.writerows([[r["group"], r["runs"], r["seeds"], *(v for m in wanted for v in r[m])] for r in rows])
+        return 0
+    width = max(len(r["group"]) for r in rows)
+    print(f"{'group':<{width}}  {'runs':>4}  " + "  ".join(f"{m:>20}" for m in wanted) + "  seeds")
+    for r in rows:
+        cells = "  ".join(f"{f'{r[m][0]:.4f} ± {r[m][1]:.4f}':>20}" for m in wanted)
+        print(f"{r['group']:<{width}}  {r['runs']:>4}  {cells}  {r['seeds']}")
+    print("(mean ± sample standard deviation over each group's runs: the runs of a group differ only in train.seed)")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `train` and `evaluate` on the top-level subparsers."""
     t = sub.add_parser("train", help="train a model; writes a run folder")
@@ -216,6 +249,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--cold", action="store_true", help="also the metrics of cold targets (items in no training "
                    "event: new items, as a `data cold-split` makes them) and of warm ones, apart")
     e.set_defaults(fn=cmd_evaluate)
+    c = sub.add_parser("compare", help="runs side by side: mean and spread over seeds of each configuration",
+                       description="Groups the runs whose configs differ only in train.seed (and whose protocols "
+                                   "match) and prints each group's mean and sample standard deviation.")
+    c.add_argument("runs", nargs="+", help="run folders (finished runs: config.json and results.json)")
+    c.add_argument("--metrics", help='comma-separated, e.g. "valid ndcg@10,test ndcg@50" (default: valid ndcg@10, '
+                                     "test recall@10, test ndcg@10)")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    c.set_defaults(fn=cmd_compare)
     tu = sub.add_parser("tune", help="search a model's settings on validation (Optuna), then train and test the best")
     tu.add_argument("--dataset", required=True)
     tu.add_argument("--model", help="sasrec, bert4rec, gru4rec or unisrec (default: the config's, else sasrec)")

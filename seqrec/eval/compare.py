@@ -1,0 +1,92 @@
+"""Runs side by side: `seqrec compare RUN [RUN ...]`.
+
+Runs whose configs are the same but for the seed (`train.seed`, and settings that change how a run is
+computed, not what: `train.progress`, `train.threads`) form one group; each group's metrics are the mean and
+the sample standard deviation over its runs. Runs evaluated under different protocols (another dataset by
+fingerprint, split, cutoffs, seen-item filtering) are never put in one group: the protocol is part of
+the key, and a group's label names the settings in which the groups differ."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqrec.errors import SeqrecError
+
+# settings that do not change what a run computes, or that a group takes several of
+NOT_IN_KEY = ("train.seed", "train.progress", "train.threads", "data.dataset")
+PROTOCOL_KEYS = ("dataset_fingerprint", "split", "ks", "filter_seen", "max_len", "training_users")
+
+
+@dataclass
+class Group:
+    """Runs that differ only in their seed."""
+
+    settings: dict[str, Any]  # the flattened config (less NOT_IN_KEY) and protocol of every run in it
+    runs: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # "test ndcg@10" -> one value per run
+
+    def mean(self, name: str) -> float:
+        return statistics.fmean(self.metrics[name])
+
+    def std(self, name: str) -> float:
+        """Sample standard deviation (0 for a single run)."""
+        values = self.metrics[name]
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _flat(config: dict[str, Any]) -> dict[str, Any]:
+    return {f"{section}.{key}": json.dumps(value, sort_keys=True) for section, values in config.items()
+            if isinstance(values, dict) for key, value in values.items()}
+
+
+def _read(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    for name in ("config.json", "results.json"):
+        if not (run / name).is_file():
+            raise SeqrecError(f"{run}: no {name} (not a finished run: `seqrec train` writes both)")
+    try:
+        return json.loads((run / "config.json").read_text()), json.loads((run / "results.json").read_text())
+    except ValueError as exc:
+        raise SeqrecError(f"{run}: a damaged config.json or results.json ({exc})") from None
+
+
+def compare_runs(runs: Sequence[Path | str]) -> tuple[list[Group], list[str]]:
+    """The runs grouped by everything but their seed -> (groups in the order of their first run, the
+    setting keys in which the groups differ: what names a group)."""
+    if not runs:
+        raise SeqrecError("give the run folders to compare")
+    groups: dict[str, Group] = {}
+    for run in map(Path, runs):
+        config, results = _read(run)
+        protocol = results.get("protocol", {})
+        settings = {k: v for k, v in _flat(config).items() if k not in NOT_IN_KEY}
+        settings.update({f"protocol.{k}": json.dumps(protocol.get(k), sort_keys=True) for k in PROTOCOL_KEYS})
+        settings["protocol.history_bias"] = json.dumps(protocol.get("history_bias"))
+        key = json.dumps(settings, sort_keys=True)
+        group = groups.setdefault(key, Group(settings))
+        group.runs.append(str(run))
+        group.seeds.append(int(config.get("train", {}).get("seed", 0)))
+        for split in ("valid", "test"):
+            for name, value in results.get(split, {}).items():
+                if name != "n_users":
+                    group.metrics.setdefault(f"{split} {name}", []).append(float(value))
+    found = list(groups.values())
+    for group in found:
+        lengths = {len(v) for v in group.metrics.values()}
+        if len(lengths) > 1:  # a run without test metrics (a tuner's trial) beside ones with them
+            raise SeqrecError(f"{', '.join(group.runs)}: the runs do not all hold the same metrics (some were never "
+                              "tested?)")
+    keys = sorted({k for g in found for k in g.settings})
+    differ = [k for k in keys if len({g.settings.get(k) for g in found}) > 1]
+    return found, differ
+
+
+def label(group: Group, differ: Sequence[str]) -> str:
+    """What sets a group apart from the others, as key=value (its first run's folder name when nothing does)."""
+    parts = [f"{k}={json.loads(group.settings[k]) if k in group.settings else '-'}" for k in differ]
+    return ", ".join(parts) or Path(group.runs[0]).name
