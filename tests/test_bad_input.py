@@ -66,9 +66,11 @@ def fill(template: str, paths: Paths) -> list[str]:
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """Every file and folder under `folder`: relative path -> sha256 of the content ('' for folders)."""
+    """Every file and folder under `folder`: relative path -> sha256 of the content ('' for folders); not the
+    onnx engine's graph cache (`$SEQREC_HOME/onnx`: a whole graph of the run, written before a later
+    check fails, that a next start loads instead of exporting again; not an output of the command)."""
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
-            for p in sorted(folder.rglob("*"))}
+            for p in sorted(folder.rglob("*")) if p.relative_to(folder).parts[:2] != ("home", "onnx")}
 
 
 # ---- inputs the cases write into their own folder ------------------------------------------------
