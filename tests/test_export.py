@@ -391,11 +391,15 @@ def test_onnx_engine_keeps_its_export_and_loads_it_again(tiny_dataset: PreparedD
     again = Recommender.from_run(ckpt, engine="onnx")
     assert len(exports) == 3 and again._onnx is not None and not again._onnx.cached
     assert answers(again) == answers(torch_rec)
+    cached[0].unlink()  # a folder left without its graph (a removal stopped part-way) is made again
+    assert not Recommender.from_run(ckpt, engine="onnx")._onnx.cached and cached[0].is_file()  # type: ignore[union-attr]
+    assert len(exports) == 4 and Recommender.from_run(ckpt, engine="onnx")._onnx.cached  # type: ignore[union-attr]
+    assert oct(cached[0].parent.stat().st_mode & 0o777) == "0o755"  # other users' services may load it
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "file"))  # no folder can be made under a file
     unkept = Recommender.from_run(ckpt, engine="onnx")
-    assert len(exports) == 4 and answers(unkept) == answers(torch_rec)
+    assert len(exports) == 5 and answers(unkept) == answers(torch_rec)
 
 
 def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:

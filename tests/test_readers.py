@@ -173,6 +173,10 @@ def test_recbole_fields_named_as_recbole_names_them(tmp_path: Path) -> None:
     assert_frame_equal(raw.interactions.frame, events(["u1", "u1"], ["a", "b"], [2.0, 1.0]))
     assert raw.items is not None and raw.items.frame["item"].to_list() == ["a", "b"]
     assert raw.items.frame["title"].to_list() == ["The A", "The B"]
+    (tmp_path / "e").mkdir()
+    write(tmp_path / "e" / "e.inter", "uid:token\tiid:token\tts:float\ttimestamp:float\nu1\ta\t2\t9\nu1\tb\t1\t8\n")
+    other = read_recbole(tmp_path / "e", user_col="uid", item_col="iid", time_col="ts")  # `timestamp` left out
+    assert other.interactions.frame["timestamp"].to_list() == [2.0, 1.0]
     with pytest.raises(SeqrecError, match=r"d\.inter: no field 'when' \(the time field\); fields are uid, iid, ts"):
         read_recbole(tmp_path, user_col="uid", item_col="iid", time_col="when")
     from seqrec.cli import main

@@ -138,6 +138,10 @@ def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: Prepa
     # ... and says so, as a warning: a cache written by another command (finetune from a recipe with
     # text_missing="id") made a catalogue without text pass without a word
     assert "have no text (e.g. " in caplog.text and "takes the vectors `seqrec text encode --missing id`" in caplog.text
+    # pre-training (the word-dropped view wanted too) takes them as well: it encodes only its view beside them
+    with_view = text_embeddings(data, replace(base, missing="auto", word_drop=0.3))
+    assert not with_view.reused and torch.equal(with_view.emb, by_id) and with_view.emb_word_drop is not None
+    assert with_view.meta["missing"] == "id"
 
 
 def test_cache_follows_the_encoder_files_not_where_they_are_installed(

@@ -473,6 +473,33 @@ def test_pretraining_centres_each_domain_by_its_own_mean(tiny_dataset: PreparedD
         assert (first.mean(0).abs().max() < 1e-5) == centre
 
 
+def test_pretraining_takes_each_domains_training_events_only(tiny_dataset: PreparedDataset, encoder_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """The joint sequences are each user's training events (leave-one-out: all but the last two; a time split:
+    nothing from after its validation cutoff, not even a user's first event there)."""
+    import numpy as np
+
+    from seqrec.data.prepare import PrepareOptions, prepare
+    from seqrec.train.pretrain import join_domains
+    from tests.conftest import synthetic_log
+
+    timed = prepare(synthetic_log(n_users=80, seed=5), PrepareOptions(split="time"), tmp_path / "timed")
+    domains = join_domains([tiny_dataset, timed], tiny_config(encoder_dir))
+    joint, n = domains.data, tiny_dataset.n_items
+    assert (joint.train_end() == joint.lengths).all()  # everything in it is training data
+    ends = [d.train_end() for d in (tiny_dataset, timed)]
+    assert int(joint.offsets[-1]) == sum(int(e.sum()) for e in ends)
+    first = [tiny_dataset.items[o : o + e] for o, e in zip(tiny_dataset.offsets[:-1], ends[0], strict=True) if e]
+    assert np.array_equal(joint.items[: int(ends[0].sum())], np.concatenate(first))
+    assert timed.times is not None
+    cutoff = timed.meta["options"]["valid_from"]
+    late = timed.times[timed.offsets[:-1]] >= cutoff  # users whose first event is past the cutoff: left out
+    assert late.any() and joint.n_users == int((ends[0] > 0).sum()) + int((ends[1] > 0).sum())
+    second = joint.items[int(ends[0].sum()):] - n
+    kept = np.concatenate([timed.items[o : o + e] for o, e in zip(timed.offsets[:-1], ends[1], strict=True) if e])
+    assert np.array_equal(second, kept)
+
+
 def test_pretraining_with_a_history_bias_learns_that_users_do_not_come_back(
         tiny_dataset: PreparedDataset, encoder_dir: Path) -> None:
     """tiny_dataset's users never repeat an item: the offset for history items goes down."""

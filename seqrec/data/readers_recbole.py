@@ -113,6 +113,10 @@ def read_recbole(dir_or_prefix: Path, name: str | None = None, user_col: str | N
     time_field = next((f for f, t in rename.items() if t == "timestamp"), None)
     if time_field is not None:
         types[time_field] = "float"
+    clash = [f for f in types if f in rename.values() and f not in rename]  # e.g. `timestamp` beside --time-col ts
+    if clash:
+        log.warning("%s: field(s) %s left out: the fields read take their names", inter_path, ", ".join(clash))
+        body, types = body.drop(clash), {f: t for f, t in types.items() if f not in clash}
     frame = body.select(_typed(body, types, inter_path)).rename(rename)
     items = None
     item_path = prefix.with_name(prefix.name + ".item")

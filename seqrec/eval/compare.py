@@ -1,10 +1,11 @@
 """Runs side by side: `seqrec compare RUN [RUN ...]`.
 
 Runs whose configs are the same but for the seed (`train.seed`, and settings that change how a run is
-computed, not what: `train.progress`, `train.threads`) form one group; each group's metrics are the mean and
-the sample standard deviation over its runs. Runs evaluated under different protocols (another dataset by
-fingerprint, split, cutoffs, seen-item filtering) are never put in one group: the protocol is part of
-the key, and a group's label names the settings in which the groups differ."""
+computed, not what: `train.progress`, `train.threads`), and that started from the same weights (a
+fine-tuning's pre-trained run and what it took of it, `init_items_from`), form one group; each group's
+metrics are the mean and the sample standard deviation over its runs. Runs evaluated under different
+protocols (another dataset by fingerprint, split, cutoffs, seen-item filtering) are never put in one
+group: the protocol is part of the key, and a group's label names the settings in which they differ."""
 
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def compare_runs(runs: Sequence[Path | str]) -> tuple[list[Group], list[str]]:
         settings = {k: v for k, v in _flat(config).items() if k not in NOT_IN_KEY}
         settings.update({f"protocol.{k}": json.dumps(protocol.get(k), sort_keys=True) for k in PROTOCOL_KEYS})
         settings["protocol.history_bias"] = json.dumps(protocol.get("history_bias"))
+        for key in ("origin", "init_items_from"):  # where its weights came from: a pre-trained run, how much of it
+            settings[key] = json.dumps(results.get(key), sort_keys=True)
         key = json.dumps(settings, sort_keys=True)
         group = groups.setdefault(key, Group(settings))
         group.runs.append(str(run))

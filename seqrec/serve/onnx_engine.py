@@ -15,6 +15,7 @@ ONNX Runtime, and seqrec's own code), so a cached graph is the one the export wo
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -138,40 +139,75 @@ def _open(path: Path) -> Any:
 
 def _session(wrapper: Any, key: str) -> tuple[Any, bool]:
     """An ONNX Runtime session of `wrapper`'s graph: the cached one under `key`, or a new export (then
-    cached) -> (session, whether it came from the cache)."""
+    cached) -> (session, whether it came from the cache). Processes starting together export once (a lock
+    per key); a cache that cannot be read or written is a miss, and the graph is exported to a scratch folder."""
+    try:
+        cache = onnx_cache()
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = os.open(cache / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except (OSError, RuntimeError) as exc:  # unwritable, or no home folder to put it in
+        log.info("cannot keep the exported ONNX graph in $SEQREC_HOME/onnx (%s): exporting for this process only",
+                 getattr(exc, "strerror", None) or exc)
+        return _scratch_export(wrapper), False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process exporting the same graph: wait, then load its graph
+        folder = cache / key
+        found = _cached_session(folder)
+        if found is not None:
+            return found, True
+        try:
+            return _export_into(wrapper, cache, folder), False
+        except OSError as exc:  # a full disk, a folder made unwritable meanwhile: not this process's problem
+            log.warning("cannot keep the exported ONNX graph in %s (%s): exporting for this process only", cache,
+                        exc.strerror or exc)
+            return _scratch_export(wrapper), False
+    finally:
+        os.close(lock)  # lets the lock go
+
+
+def _cached_session(folder: Path) -> Any | None:
+    """The session of the graph kept in `folder`, or None (absent, or damaged: then removed)."""
+    try:
+        if not (folder / "encoder.onnx").is_file():
+            if folder.exists():  # left without its graph (a removal stopped part-way): in the way of a new one
+                shutil.rmtree(folder, ignore_errors=True)
+            return None
+        session = _open(folder / "encoder.onnx")
+    except OSError as exc:
+        log.info("the cached ONNX graph %s cannot be read (%s): exporting it", folder, exc.strerror or exc)
+        return None
+    except Exception as exc:  # a graph cut short or damaged: exported again
+        log.warning("the cached ONNX graph %s does not load (%s): exporting it again", folder, exc)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(folder)  # most recently used
+    return session
+
+
+def _export_into(wrapper: Any, cache: Path, folder: Path) -> Any:
+    """Export into a new folder of `cache`, open it, and put it in `folder`'s place whole."""
     from seqrec.serve.export import write_encoder
 
-    cache = onnx_cache()
-    folder = cache / key
-    if (folder / "encoder.onnx").is_file():
-        try:
-            session = _open(folder / "encoder.onnx")
-            with contextlib.suppress(OSError):
-                os.utime(folder)  # most recently used
-            return session, True
-        except Exception as exc:  # a graph cut short or damaged: exported again
-            log.warning("the cached ONNX graph %s does not load (%s): exporting it again", folder, exc)
-            shutil.rmtree(folder, ignore_errors=True)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=cache))
-    except OSError as exc:  # a cache that cannot be written: the graph lives as long as the session needs it
-        log.info("cannot keep the exported ONNX graph in %s (%s)", cache, exc.strerror)
-        with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as scratch:
-            write_encoder(wrapper, Path(scratch) / "encoder.onnx", None)
-            return _open(Path(scratch) / "encoder.onnx"), False
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=cache))
     try:
         write_encoder(wrapper, tmp / "encoder.onnx", None)
         session = _open(tmp / "encoder.onnx")
-        try:
-            tmp.rename(folder)  # whole or not at all; another process may have put the same graph there first
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+        tmp.chmod(0o755)  # mkdtemp's 0700 would keep other users' services from loading it
+        tmp.rename(folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _prune(cache)
-    return session, False
+    return session
+
+
+def _scratch_export(wrapper: Any) -> Any:
+    from seqrec.serve.export import write_encoder
+
+    with tempfile.TemporaryDirectory(prefix="seqrec-onnx-") as scratch:
+        write_encoder(wrapper, Path(scratch) / "encoder.onnx", None)
+        return _open(Path(scratch) / "encoder.onnx")
 
 
 def _prune(cache: Path) -> None:
@@ -184,6 +220,9 @@ def _prune(cache: Path) -> None:
             if stale.stat().st_mtime < time.time() - 3600:
                 shutil.rmtree(stale, ignore_errors=True)
         graphs = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        for lock in cache.glob(".*.lock"):  # the lock files of graphs no longer kept
+            if not (cache / lock.name[1:-5]).exists() and lock.stat().st_mtime < time.time() - 3600:
+                lock.unlink(missing_ok=True)
         graphs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
         for old in graphs[CACHE_KEEP:]:
             shutil.rmtree(old, ignore_errors=True)

@@ -98,9 +98,14 @@ def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress
         name = str(data.meta["name"])
         name = name if name not in offsets else f"{name}#{len(offsets) + 1}"
         offsets[name] = shift
-        seqs.append(data.items.astype(np.int64) + shift)
-        user_offsets.append(data.offsets[1:] + events)
-        splits.append(data.split)
+        # each user's training events only (`train_end`: a time split's cutoff too), users without any left out
+        end = data.train_end()
+        keep = np.flatnonzero(end > 0)
+        lengths = end[keep]
+        first = np.repeat(data.offsets[:-1][keep] - (np.cumsum(lengths) - lengths), lengths)
+        seqs.append(data.items[first + np.arange(int(lengths.sum()))].astype(np.int64) + shift)
+        user_offsets.append(np.cumsum(lengths) + events)
+        splits.append(np.full((len(keep), 2), -1, dtype=np.int64))
         # model.text_centre: each domain less its own mean (the model's text_mean stays zero here)
         mean = te.emb[1:].mean(0) if model.text_centre else torch.zeros(model.text_dim)
         texts.append(te.emb[1:] - mean)
@@ -109,7 +114,7 @@ def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress
         title = next((t[c].cast(pl.Utf8) for c in ("title", "text") if c in t.columns), None)
         tables.append(pl.DataFrame({"idx": t["idx"] + shift, "item": [f"{name}:{i}" for i in t["item"]],
                                     "domain": [name] * t.height, "title": title}))
-        shift, events = shift + data.n_items, events + int(data.offsets[-1])
+        shift, events = shift + data.n_items, events + int(lengths.sum())
     joint_offsets = np.concatenate(user_offsets)
     meta = {"name": "+".join(offsets), "n_items": shift, "n_users": len(joint_offsets) - 1,
             "fingerprint": "+".join(d.fingerprint for d in datasets), "options": {"split": "joint"}}
