@@ -85,9 +85,11 @@ def test_filtering_takes_the_seen_items_given_apart_from_the_offsets_history() -
     h, target, emb, bias, history, offsets = planted(300, 400, 8, seed=3)
     g = torch.Generator().manual_seed(4)
     seen = torch.cat([torch.randint(0, 401, (300, 30), generator=g), history], 1)  # the window and 30 before it
+    row, col = torch.nonzero(seen, as_tuple=True)  # as (row, item) pairs, rows ascending
+    pairs = torch.stack([row, seen[row, col]])
     window_only = rank_targets(h, target, emb, bias, history, True, offsets, tile=97, threads=2)
     ref = brute_force_seen(h, target, emb, bias, history, offsets, seen)
-    got = rank_targets(h, target, emb, bias, history, True, offsets, tile=97, threads=2, seen=seen)
+    got = rank_targets(h, target, emb, bias, history, True, offsets, tile=97, threads=2, seen=pairs)
     assert torch.equal(got, ref) and not torch.equal(got, window_only)
 
 

@@ -35,8 +35,8 @@ class Batch:
     """items (B, L) inputs; targets (B, L) next items, 0 where none (training);
     target (B,) the held-out item (evaluation); users (B,) user indices;
     events name -> (B, L) raw event feature values of the input positions (NaN = missing);
-    seen (B, S) every item of the user before the target, left-padded, not only the last L (evaluation
-    that filters seen items)."""
+    seen (2, M) (row, item) pairs of every item of each user before the target, not only the last L
+    (evaluation that filters seen items; a list, so one long history costs its length only)."""
 
     items: torch.Tensor
     targets: torch.Tensor | None = None
@@ -189,8 +189,16 @@ def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: in
             target=torch.from_numpy(flat[tpos[sl]]),
             users=torch.from_numpy(users[sl]),
             events=_gather_events(events, start[sl], tpos[sl]),
-            seen=torch.from_numpy(_gather(flat, data.offsets[users[sl]], tpos[sl])) if seen else None,
+            seen=_pairs(flat, data.offsets[users[sl]], tpos[sl]) if seen else None,
         )
+
+
+def _pairs(flat: np.ndarray, start: np.ndarray, end: np.ndarray) -> torch.Tensor:
+    """(2, M) (row, item) for the items flat[start[r]:end[r]] of each row r, rows ascending."""
+    lengths = end - start
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    at = np.repeat(start - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+    return torch.from_numpy(np.stack([rows, flat[at]]).astype(np.int64))
 
 
 def history_batch(histories: list[list[int]], max_len: int,

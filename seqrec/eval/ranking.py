@@ -39,8 +39,9 @@ class RankRequest:
     history  (B, L) long    the users' histories (0 = pad): excluded when filtering seen items
     offsets  (B, L) float   what each history position adds to its item's score (models with a
                             learned history bias, `seqrec.nn.history`), or None
-    seen     (B, S) long    the items excluded when filtering seen items, when not `history` (every
-                            item before the target, where the model sees only the last L)
+    seen     (2, M) long    the items excluded when filtering seen items, when not `history`: (row,
+                            item) pairs, rows ascending (every item before the target, where the model
+                            sees only the last L; a list, so one long history costs its length only)
     """
 
     h: torch.Tensor
@@ -66,7 +67,8 @@ def rank_targets(
 
     h (B, D), target (B,), item_emb (N+1, D) with row 0 = padding, item_bias (N+1,);
     offsets (B, L) are added to the scores of the history items (B, L) first; with `filter_seen`,
-    the items of `seen` (B, S) (default: `history`) other than the target are left out.
+    the items of `seen` ((2, M) (row, item) pairs, rows ascending; default: `history`) other than the
+    target are left out.
 
     Blocked: users in groups of at most USER_BLOCK, items in tiles of `tile`; a tile's scores are
     counted while they are in cache, so no (B, N) matrix is written out and read back. On the CPU
@@ -88,10 +90,15 @@ def rank_targets(
 
     def one(lo: int) -> torch.Tensor:
         hi = min(lo + group, h.shape[0])
-        excluded = (history if seen is None else seen) if filter_seen else None
+        excluded = None
+        if filter_seen and seen is not None:  # this group's pairs, rows counted from its first
+            a, z = torch.searchsorted(seen[0].contiguous(), torch.tensor([lo, hi], device=seen.device)).tolist()
+            excluded = torch.stack([seen[0, a:z] - lo, seen[1, a:z]])
+        elif filter_seen and history is not None:
+            row, col = torch.nonzero(history[lo:hi], as_tuple=True)
+            excluded = torch.stack([row, history[lo:hi][row, col]])
         return _rank_group(h[lo:hi].float(), target[lo:hi], W, b, None if history is None else history[lo:hi],
-                           None if excluded is None else excluded[lo:hi],
-                           None if offsets is None else offsets[lo:hi].float(), tile)
+                           excluded, None if offsets is None else offsets[lo:hi].float(), tile)
 
     starts = range(0, h.shape[0], group)
     n_threads = threads or torch.get_num_threads()
@@ -116,9 +123,13 @@ def tie_tolerance(magnitude: torch.Tensor, d: int) -> torch.Tensor:
 def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,
                 history: torch.Tensor | None, excluded: torch.Tensor | None, offsets: torch.Tensor | None,
                 tile: int) -> torch.Tensor:
-    """Ranks for one group of users (G, D) over every item tile (`excluded`: the items filtered out):
-    see `rank_targets`."""
+    """Ranks for one group of users (G, D) over every item tile (`excluded`: (row, item) pairs of the items
+    filtered out): see `rank_targets`."""
     G, n1 = h.shape[0], W.shape[0]
+    if excluded is not None:  # by item: a tile's pairs are one slice
+        excluded = excluded[:, excluded[1] != 0]
+        excluded = excluded[:, torch.argsort(excluded[1])]
+        bounds = torch.searchsorted(excluded[1].contiguous(), torch.arange(0, n1 + tile, tile, device=h.device))
     rows = torch.arange(G, device=h.device)
     own = W[target]  # (G, D)
     t_score = (h * own).sum(1)
@@ -143,9 +154,10 @@ def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch
         if lo == 0:
             scores[:, 0] = -torch.inf  # padding never competes
         if history is not None and offsets is not None:
-            _history_in_tile(scores, history, offsets, False, lo, hi)
+            _history_in_tile(scores, history, offsets, lo, hi)
         if excluded is not None:
-            _history_in_tile(scores, excluded, None, True, lo, hi)
+            a, z = bounds[lo // tile].item(), bounds[lo // tile + 1].item()
+            scores[excluded[0, a:z], excluded[1, a:z] - lo] = -torch.inf
         inside = (target >= lo) & (target < hi)
         scores[rows[inside], target[inside] - lo] = -torch.inf  # the target never counts against itself
         if flags is not None and threshold_np is not None:
@@ -174,19 +186,14 @@ def count_at_least(scores: np.ndarray, threshold: np.ndarray, flags: np.ndarray)
     return total
 
 
-def _history_in_tile(scores: torch.Tensor, history: torch.Tensor, offsets: torch.Tensor | None,
-                     filter_seen: bool, lo: int, hi: int) -> None:
+def _history_in_tile(scores: torch.Tensor, history: torch.Tensor, offsets: torch.Tensor, lo: int, hi: int) -> None:
     """A tile's scores (G, width) with the history items it holds shifted by their offsets (each
-    position adds its own, as `add_offsets` does on a full row) or, when filtering, removed."""
+    position adds its own, as `add_offsets` does on a full row)."""
     hit = (history >= lo) & (history < hi) & (history != 0)
     if not bool(hit.any()):
         return
     col = torch.where(hit, history - lo, 0)
-    if offsets is not None:
-        scores.scatter_add_(1, col, torch.where(hit, offsets, 0.0))  # not offsets * hit: inf * 0 is NaN
-    if filter_seen:
-        row = torch.arange(len(history), device=history.device)[:, None].expand_as(history)
-        scores[row[hit], col[hit]] = -torch.inf
+    scores.scatter_add_(1, col, torch.where(hit, offsets, 0.0))  # not offsets * hit: inf * 0 is NaN
 
 
 def user_chunk_size(n_items: int, budget: int = DEFAULT_BUDGET) -> int:
