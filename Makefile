@@ -56,10 +56,11 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 # the test files spread over JOBS processes (pytest-xdist; a file's tests stay in one process, so its
-# module fixtures are built once): most tests wait on imports, subprocesses and small models, not cores
+# module fixtures are built once): most tests wait on imports, subprocesses and small models, not cores;
+# the slowest 25 are listed at the end (where the suite's ten minutes go)
 JOBS ?= 2
 unit: setup
-	$(PY) -m pytest -n $(JOBS) --dist loadfile
+	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=25
 
 test: lint typecheck unit
 
