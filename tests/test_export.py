@@ -383,23 +383,31 @@ def test_onnx_engine_keeps_its_export_and_loads_it_again(tiny_dataset: PreparedD
 
     changed = Recommender.from_run(ckpt)  # one weight changed: another graph
     with torch.no_grad():
-        next(changed.model.parameters()).add_(0.5)
+        for weight in changed.model.parameters():  # (a constant shift could vanish in a layer norm)
+            weight.add_(torch.randn_like(weight) * 0.1)
     changed.use_engine("onnx")
     assert len(exports) == 2 and changed._onnx is not None and not changed._onnx.cached
+    # a graph that loads but answers otherwise (what the key would miss: an exporter's version) is exported again
+    other = next(p for p in onnx_engine.onnx_cache().glob("*/encoder.onnx") if p != cached[0])
+    original = cached[0].read_bytes()
+    cached[0].write_bytes(other.read_bytes())
+    swapped = Recommender.from_run(ckpt, engine="onnx")
+    assert len(exports) == 3 and not swapped._onnx.cached and answers(swapped) == answers(torch_rec)  # type: ignore[union-attr]
+    assert cached[0].read_bytes() == original  # (the export is deterministic)
 
     cached[0].write_bytes(cached[0].read_bytes()[:100])  # cut short
     again = Recommender.from_run(ckpt, engine="onnx")
-    assert len(exports) == 3 and again._onnx is not None and not again._onnx.cached
+    assert len(exports) == 4 and again._onnx is not None and not again._onnx.cached
     assert answers(again) == answers(torch_rec)
     cached[0].unlink()  # a folder left without its graph (a removal stopped part-way) is made again
     assert not Recommender.from_run(ckpt, engine="onnx")._onnx.cached and cached[0].is_file()  # type: ignore[union-attr]
-    assert len(exports) == 4 and Recommender.from_run(ckpt, engine="onnx")._onnx.cached  # type: ignore[union-attr]
+    assert len(exports) == 5 and Recommender.from_run(ckpt, engine="onnx")._onnx.cached  # type: ignore[union-attr]
     assert oct(cached[0].parent.stat().st_mode & 0o777) == "0o755"  # other users' services may load it
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("SEQREC_HOME", str(tmp_path / "file"))  # no folder can be made under a file
     unkept = Recommender.from_run(ckpt, engine="onnx")
-    assert len(exports) == 5 and answers(unkept) == answers(torch_rec)
+    assert len(exports) == 6 and answers(unkept) == answers(torch_rec)
 
 
 def test_onnx_engine_refusals(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:

@@ -153,8 +153,11 @@ def _session(wrapper: Any, key: str) -> tuple[Any, bool]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process exporting the same graph: wait, then load its graph
         folder = cache / key
         found = _cached_session(folder)
-        if found is not None:
+        if found is not None and _answers_as(found, wrapper):
             return found, True
+        if found is not None:  # (a graph the key missed a cause of: an exporter package's version, say)
+            log.warning("the cached ONNX graph %s differs from the model on a check batch: exporting it again", folder)
+            shutil.rmtree(folder, ignore_errors=True)
         try:
             return _export_into(wrapper, cache, folder), False
         except OSError as exc:  # a full disk, a folder made unwritable meanwhile: not this process's problem
@@ -183,6 +186,21 @@ def _cached_session(folder: Path) -> Any | None:
     with contextlib.suppress(OSError):
         os.utime(folder)  # most recently used
     return session
+
+
+def _answers_as(session: Any, wrapper: Any) -> bool:
+    """Whether a loaded graph gives the model's own states on a check batch (milliseconds)."""
+    from seqrec.serve.export import ATOL
+
+    example = wrapper.example(2, wrapper.max_len, seed=1)
+    with torch.no_grad():
+        ref = wrapper(*example)
+    ref = (ref if isinstance(ref, tuple) else (ref,))[0].numpy()
+    try:
+        got = session.run(None, {n: t.numpy() for n, t in zip(wrapper.input_names(), example, strict=True)})[0]
+    except Exception:  # inputs the graph does not take
+        return False
+    return bool(got.shape == ref.shape and np.allclose(got, ref, rtol=0.0, atol=ATOL))
 
 
 def _export_into(wrapper: Any, cache: Path, folder: Path) -> Any:
