@@ -193,12 +193,16 @@ def eval_batches(data: PreparedDataset, which: str, max_len: int, batch_size: in
         )
 
 
+def ragged_index(start: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices start[r], ..., start[r] + lengths[r] - 1 of every row r, one after the other."""
+    return np.repeat(start - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+
+
 def _pairs(flat: np.ndarray, start: np.ndarray, end: np.ndarray) -> torch.Tensor:
     """(2, M) (row, item) for the items flat[start[r]:end[r]] of each row r, rows ascending."""
     lengths = end - start
     rows = np.repeat(np.arange(len(lengths)), lengths)
-    at = np.repeat(start - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
-    return torch.from_numpy(np.stack([rows, flat[at]]).astype(np.int64))
+    return torch.from_numpy(np.stack([rows, flat[ragged_index(start, lengths)]]).astype(np.int64))
 
 
 def history_batch(histories: list[list[int]], max_len: int,

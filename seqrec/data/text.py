@@ -261,7 +261,8 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     if policy == "auto" and missing.any():  # more than "auto" stands in for
         for chosen in ("id", "mean"):
             found = _lookup(folder, replace(options, missing=chosen), texts, missing, word_drop_view)[0]
-            first = found or _lookup(folder, replace(options, missing=chosen), texts, missing, False)[0]
+            first = found if found is not None or not word_drop_view else \
+                _lookup(folder, replace(options, missing=chosen), texts, missing, False)[0]
             if first is not None:  # (only the first view, when the dropped one is wanted: encoded beside it)
                 log.warning("%s: text_missing='auto' takes the vectors `seqrec text encode --missing %s` (or a run "
                             "with text_missing=%r) built for them", share_without_text(missing, raw_ids), chosen,

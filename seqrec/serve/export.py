@@ -217,16 +217,24 @@ def check_onnx(path: Path, wrapper: nn.Module, examples: list[tuple[torch.Tensor
         return
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for example in examples:
-        with torch.no_grad():
-            ref = wrapper(*example)
-        refs = ref if isinstance(ref, tuple) else (ref,)
-        got = session.run(None, {n: t.numpy() for n, t in zip(input_names, example, strict=True)})
-        shapes = " ".join(str(tuple(t.shape)) for t in example)
-        for name, r, g in zip(output_names, refs, got, strict=True):
-            if g.shape != tuple(r.shape) or not np.allclose(g, r.numpy(), rtol=0.0, atol=ATOL):
-                diff = float(np.abs(g - r.numpy()).max()) if g.shape == tuple(r.shape) else float("nan")
-                raise ValueError(f"{name} differs from PyTorch on inputs {shapes} "
-                                 f"(shape {g.shape}, max abs difference {diff:.3g})")
+        why = differs(session, wrapper, example, input_names, output_names)
+        if why is not None:
+            raise ValueError(why)
+
+
+def differs(session: Any, wrapper: nn.Module, example: tuple[torch.Tensor, ...], input_names: list[str],
+            output_names: list[str]) -> str | None:
+    """How an ONNX Runtime session's outputs on `example` differ from `wrapper`'s beyond ATOL, or None."""
+    with torch.no_grad():
+        ref = wrapper(*example)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    got = session.run(None, {n: t.numpy() for n, t in zip(input_names, example, strict=True)})
+    shapes = " ".join(str(tuple(t.shape)) for t in example)
+    for name, r, g in zip(output_names, refs, got, strict=True):
+        if g.shape != tuple(r.shape) or not np.allclose(g, r.numpy(), rtol=0.0, atol=ATOL):
+            diff = float(np.abs(g - r.numpy()).max()) if g.shape == tuple(r.shape) else float("nan")
+            return f"{name} differs from PyTorch on inputs {shapes} (shape {g.shape}, max abs difference {diff:.3g})"
+    return None
 
 
 def write_graph(wrapper: nn.Module, path: Path, opset: int | None, example: tuple[torch.Tensor, ...],

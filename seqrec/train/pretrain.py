@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from seqrec.data.batching import Batch, TrainBatches
+from seqrec.data.batching import Batch, TrainBatches, ragged_index
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import write_json_atomic
 from seqrec.data.text import text_embeddings
@@ -102,8 +102,7 @@ def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress
         end = data.train_end()
         keep = np.flatnonzero(end > 0)
         lengths = end[keep]
-        first = np.repeat(data.offsets[:-1][keep] - (np.cumsum(lengths) - lengths), lengths)
-        seqs.append(data.items[first + np.arange(int(lengths.sum()))].astype(np.int64) + shift)
+        seqs.append(data.items[ragged_index(data.offsets[:-1][keep], lengths)].astype(np.int64) + shift)
         user_offsets.append(np.cumsum(lengths) + events)
         splits.append(np.full((len(keep), 2), -1, dtype=np.int64))
         # model.text_centre: each domain less its own mean (the model's text_mean stays zero here)
