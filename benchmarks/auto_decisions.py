@@ -6,8 +6,8 @@ BERT4Rec and UniSRec (each model's own auto keys), and writes results/auto_decis
 
     python benchmarks/auto_decisions.py [--datasets ml-100k ...] [--sizes 1e6 1e7] [--threads 1]
 
-The loss decision depends on the matmul rate measured when it is made: the file records that rate, the
-machine and the thread count (a run beside other jobs measures a lower rate).
+The loss decision takes the nominal rate of the device (seqrec.train.auto.NOMINAL_FLOPS, per CPU thread):
+the file records it with the thread count; the batch size depends on the memory free when deciding.
 """
 
 from __future__ import annotations

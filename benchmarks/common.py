@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,12 @@ def prepared(name: str) -> PreparedDataset:
         raise SystemExit(f"{source} is absent: benchmarks need ../shared/data (or SEQREC_SHARED_DATA)")
     options = {k: v for k, v in KNOWN_DATASETS[name].prepare.items() if k in ("dedupe", "kcore", "min_user_len")}
     return prepare(load_known(name, source), PrepareOptions(**options), dest)
+
+
+def fresh_run(path: Path) -> Path:
+    """A benchmark's run folder, its earlier run removed (`fit` refuses to write into a folder holding one)."""
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def cpu_model() -> str:

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import PLAIN_TRAIN, RESULTS, WORK, machine, prepared, write_result
+from common import PLAIN_TRAIN, RESULTS, WORK, fresh_run, machine, prepared, write_result
 
 from seqrec.config import resolve
 from seqrec.train.loop import fit
@@ -68,7 +68,7 @@ def run(dataset: str, model: str, variant: str, seed: int, overrides: list[str],
     data = prepared(dataset)
     cfg = resolve({}, [f'data.dataset="{data.path}"', *COMMON, *MODELS[model], f"train.seed={seed}",
                        f"train.time_budget_s={budget}", *overrides])
-    results = fit(cfg, data, WORK / "runs" / f"features-{dataset}-{model}-{variant}-{seed}")
+    results = fit(cfg, data, fresh_run(WORK / "runs" / f"features-{dataset}-{model}-{variant}-{seed}"))
     return {
         "dataset": dataset, "model": model, "variant": variant, "seed": seed, "config": cfg.to_dict(),
         "test": {k: results["test"][k] for k in METRICS},

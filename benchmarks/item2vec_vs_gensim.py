@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import RESULTS, WORK, machine, prepared, write_result
+from common import RESULTS, WORK, fresh_run, machine, prepared, write_result
 
 from seqrec.config import EvalConfig, resolve
 from seqrec.data.dataset import PreparedDataset
@@ -92,7 +92,7 @@ def compare(name: str, gensim_epochs: list[int], budget: float) -> dict[str, Any
 def ours(data: PreparedDataset, overrides: list[str], name: str, shared: int, gensim_valid: float) -> dict[str, Any]:
     """seqrec's run; `shared` negatives per batch (0: word2vec's k per pair)."""
     run_dir = WORK / "runs" / f"item2vec-vs-gensim-{name}{'' if shared else '-per-pair'}"
-    r = fit(resolve({}, [*overrides, f"model.shared_negatives={shared}"]), data, run_dir)
+    r = fit(resolve({}, [*overrides, f"model.shared_negatives={shared}"]), data, fresh_run(run_dir))
     curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     elapsed = np.cumsum([c["train_s"] for c in curve])
     reached = [t for c, t in zip(curve, elapsed, strict=True) if c["valid"]["ndcg@10"] >= gensim_valid]

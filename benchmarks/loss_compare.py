@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import PLAIN_TRAIN, RESULTS, WORK, machine, prepared, write_result
+from common import PLAIN_TRAIN, RESULTS, WORK, fresh_run, machine, prepared, write_result
 
 from seqrec.config import resolve
 from seqrec.train.loop import fit
@@ -44,7 +44,7 @@ def run(dataset: str, loss: str, overrides: list[str], budget: float, tag: str) 
     data = prepared(dataset)
     cfg = resolve({}, [f'data.dataset="{data.path}"', *BASE, "train.progress=false", "train.threads=1",
                        f"train.time_budget_s={budget}", *LOSSES[loss], *overrides])
-    results = fit(cfg, data, WORK / "runs" / f"losses-{dataset}-{loss}{tag}")
+    results = fit(cfg, data, fresh_run(WORK / "runs" / f"losses-{dataset}-{loss}{tag}"))
     return {
         "dataset": dataset, "loss": loss, "config": cfg.to_dict(), "overrides": overrides,
         "test": {k: results["test"][k] for k in ("recall@10", "recall@50", "ndcg@10", "ndcg@50")},

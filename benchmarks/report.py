@@ -28,7 +28,7 @@ from common import RESULTS, ROOT
 from common import load_result as load
 from report_cost import cuda, ddp_scaling, eval_cost, scale, text_encoding, train_throughput
 from report_peers import item2vec_gensim, speed, zoo_vs_recbole
-from report_quality import features, losses, output_layer, positions, sasrec_quality, unisrec, zoo
+from report_quality import features, losses, output_layer, positions, sasrec_quality, unisrec, unisrec_sampled, zoo
 from report_serving import batch_recommend, retrieval, serve_load
 from report_settings import auto_decisions, defaults, defaults_candidate, encoders, history_bias_section
 from report_transfer import _transfer_rows, data_efficiency, transfer_probe, tune
@@ -58,6 +58,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("zoo_vs_recbole.json", zoo_vs_recbole),
     ("item2vec_vs_gensim.json", item2vec_gensim),
     ("unisrec.json", unisrec),
+    ("unisrec_sampled.json", unisrec_sampled),
     ("retrieval.json", retrieval),
     ("batch_recommend.json", batch_recommend),
     ("text_encoding*.json", text_encoding),
@@ -77,7 +78,8 @@ SECTIONS: list[tuple[str, Render]] = [
     ("encoders_*.json", encoders),
 ]
 # the sections of docs/results.md (the README's Results until the README became a manual)
-RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "item2vec_vs_gensim.json",
+RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "unisrec_sampled.json",
+                "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
                 "batch_recommend.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "train_throughput.json", "tune_*.json",

@@ -8,6 +8,7 @@ from typing import Any
 
 from tables import (
     DASH,
+    METRICS,
     f4,
     header,
     history_bias,
@@ -15,6 +16,7 @@ from tables import (
     mean_std,
     metric_row,
     run_cells,
+    table,
 )
 
 PROTOCOL_STATED_UNFILTERED = {"amazon-scientific-unisrec"}
@@ -306,3 +308,28 @@ def _cold_goal(cold: dict[str, Any]) -> list[str]:
                     + (": a trade, for catalogues whose new items must be found (so not the default)."
                        if t["warm"]["ndcg@10"] < a["warm"]["ndcg@10"] else "."))
     return out
+
+
+def unisrec_sampled(d: dict[str, Any]) -> list[str]:
+    """UniSRec's full softmax against its sampled softmax: training speed by catalogue size, and quality."""
+    lines = ["## UniSRec on large catalogues: the full softmax against the sampled one", "",
+             "`model.loss = \"sampled_softmax\"` (UniSRec): the batch's targets and 1,024 popularity-drawn negatives "
+             "with the logQ correction, so that the adaptor makes the vectors of those items only, where the full "
+             "softmax (\"ce\", the default) makes every item's at every step. Script: "
+             "`benchmarks/unisrec_sampled.py`; file: `results/unisrec_sampled.json`."]
+    if "speed" in d:
+        s = d["speed"]
+        lines += ["", f"Training speed ({s['setup']}; `{s['command']}`).", "",
+                  *table(["catalogue", "items", "ce targets/s", "sampled targets/s", "sampled / ce"],
+                         [[name, f"{r['items']:,}", f"{r['targets_per_s']['ce']:.0f}",
+                           f"{r['targets_per_s']['sampled_softmax']:.0f}", f"{r['speedup']:.1f} ×"]
+                          for name, r in s["rows"].items()])]
+    if "quality" in d:
+        q = d["quality"]
+        lines += ["", f"Quality on {q['dataset']} ({q['config']}; {q['protocol']}; `{q['command']}`).", "",
+                  *table(["loss", "valid N@10", "test R@10", "test N@10", "test R@50", "test N@50", "best epoch",
+                          "train s", "stopped by"],
+                         [[r["loss"], f4(r["valid_ndcg@10"]), *(f4(r["test"][m]) for m in METRICS),
+                           r["best_epoch"], f"{r['train_seconds']:.0f}", r["stopped_by"] or DASH]
+                          for r in q["rows"]])]
+    return lines

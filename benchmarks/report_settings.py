@@ -35,12 +35,14 @@ def auto_decisions(d: dict[str, Any]) -> list[str]:
              *(cell(r["decisions"]["sasrec"], k) for k in ("model.loss", "train.sparse_items", "train.batch_size",
                                                           "model.history_bias", "data.stride", "data.jitter"))]
             for r in d["rows"] if "sasrec" in r["decisions"]]
-    rate = next((x["matmul_gflops"] for r in d["rows"] for x in r["decisions"].get("sasrec", [])
-                 if x["key"] == "model.loss"), None)
+    loss = next((x for r in d["rows"] for x in r["decisions"].get("sasrec", []) if x["key"] == "model.loss"), {})
+    nominal = "nominal_gflops" in loss  # files before the fixed rate hold the one measured when deciding
+    rate = loss.get("nominal_gflops", loss.get("matmul_gflops"))
     intro = ("What `seqrec train --model sasrec` with no config decides from each dataset's training split "
              "(`seqrec.train.auto`; GRU4Rec and BERT4Rec take the same loss and batch size rules, UniSRec and "
              "GRU4Rec the same history-bias rule). The loss: the full softmax unless its output layer would take "
-             "more than 600 s of matmul per epoch at the rate measured when deciding"
+             "more than 600 s per epoch at " + ("the nominal rate of the device" if nominal else
+                                                  "the matmul rate measured when deciding")
              + (f" ({rate:.0f} GFLOP/s, {d['threads']} thread{'s' if d['threads'] > 1 else ''})" if rate else "")
              + "; in parentheses its estimated seconds per epoch. Generated logs: benchmarks/scale.py's shapes. "
              f"Script: `benchmarks/auto_decisions.py`; file: `results/auto_decisions.json`; command: `{d['command']}`.")

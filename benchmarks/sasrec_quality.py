@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from common import RESULTS, WORK, machine, prepared, write_result
+from common import RESULTS, WORK, fresh_run, machine, prepared, write_result
 
 from seqrec.config import load_toml, resolve
 from seqrec.eval.evaluate import evaluate
@@ -37,7 +37,7 @@ def run(name: str, overrides: list[str], tag: str) -> dict:
     raw = load_toml(CONFIGS / f"sasrec-{name}.toml")
     cfg = resolve(raw, [f'data.dataset="{data.path}"', "train.progress=false", *overrides])
     run_dir = WORK / "runs" / f"sasrec-{name}{tag}"
-    results = fit(cfg, data, run_dir)
+    results = fit(cfg, data, fresh_run(run_dir))
     # Secondary, labelled: the same checkpoint with already-seen items removed from the ranking.
     # The Amazon builds hold no repeated items, so this filter only removes wrong answers.
     device = pick_device(cfg.train.device)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, WORK, machine, prepared, write_result
+from common import RESULTS, ROOT, WORK, fresh_run, machine, prepared, write_result
 
 from seqrec.train.tune import MIN_TRIALS
 
@@ -52,7 +52,7 @@ def _seed_run(job: tuple[str, str, dict[str, Any], bool, int]) -> tuple[str, int
     data = prepared(dataset)
     cfg = resolve(raw, [f'data.dataset="{data.path}"', f"train.seed={seed}", "train.threads=1",
                         "train.progress=false"], model_defaults=not saved)
-    results = fit(cfg, data, WORK / "runs" / f"tune-seeds-{dataset}" / f"{who}-s{seed}")
+    results = fit(cfg, data, fresh_run(WORK / "runs" / f"tune-seeds-{dataset}" / f"{who}-s{seed}"))
     return who, seed, {"valid_ndcg@10": results["valid"]["ndcg@10"], "test_ndcg@10": results["test"]["ndcg@10"]}
 
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import PLAIN_TRAIN, RESULTS, WORK, machine, prepared, write_result
+from common import PLAIN_TRAIN, RESULTS, WORK, fresh_run, machine, prepared, write_result
 
 from seqrec.config import resolve
 from seqrec.train.loop import fit
@@ -81,7 +81,7 @@ def cell(dataset: str, model: str, overrides: list[str], budget: float, tag: str
     data = prepared(dataset)
     cfg = resolve({}, [f'data.dataset="{data.path}"', *settings(dataset, model), f"train.time_budget_s={budget}",
                        *overrides])
-    results = fit(cfg, data, WORK / "runs" / f"zoo-{model}-{dataset}{tag}")
+    results = fit(cfg, data, fresh_run(WORK / "runs" / f"zoo-{model}-{dataset}{tag}"))
     test = results["test"]
     return {
         "dataset": dataset, "model": model, "config": cfg.to_dict(), "overrides": overrides,

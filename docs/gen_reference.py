@@ -119,14 +119,18 @@ API: list[tuple[str, list[str]]] = [
     ("seqrec.data.catalog", ["load_known", "load_format"]),
     ("seqrec.data.readers", ["read_table", "read_recbole", "read_recbole_sequential", "read_unisrec", "read_s3rec",
                              "read_lcrec", "read_movielens", "read_diginetica"]),
+    ("seqrec.data.item_table", ["read_item_table", "join_item_table"]),
     ("seqrec.data.prepare", ["PrepareOptions", "prepare"]),
     ("seqrec.data.dataset", ["PreparedDataset"]),
     ("seqrec.data.fetch", ["seqrec_home"]),
+    ("seqrec.data.text", ["TextOptions", "text_embeddings", "encode_texts", "load_text_encoder"]),
     ("seqrec.config", ["resolve", "load_toml", "parse_override", "RunConfig", "DataConfig", "TrainConfig",
                        "EvalConfig"]),
     ("seqrec.train.loop", ["fit"]),
     ("seqrec.train.checkpoint", ["load_checkpoint", "save_checkpoint"]),
     ("seqrec.eval.evaluate", ["evaluate", "protocol"]),
+    ("seqrec.eval.compare", ["compare_runs"]),
+    ("seqrec.serve.export", ["export_run", "verify_export"]),
 ]
 NO_DOC = "*(no docstring)*"
 

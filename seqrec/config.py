@@ -227,8 +227,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def load_toml(path: Path) -> dict[str, Any]:
+def load_toml(path: Path | str) -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is a one-line error naming it."""
+    path = Path(path)
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
@@ -260,6 +261,8 @@ def resolve(raw: dict[str, Any], overrides: Sequence[str] = (), model_defaults: 
 
     if not isinstance(raw, dict):
         raise SeqrecError(f"a config is a table of sections, got {raw!r}")
+    if isinstance(overrides, str):
+        raise SeqrecError(f"overrides are a list of section.key=value strings: give [{overrides!r}]")
     sections = ("data", "model", "train", "eval", "features")
     not_tables = [k for k, v in raw.items() if k in sections and not isinstance(v, dict)]
     if not_tables:

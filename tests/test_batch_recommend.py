@@ -56,6 +56,7 @@ def train(home: Path, capsys: pytest.CaptureFixture[str], name: str) -> Path:
 def one_at_a_time(run_dir: Path, user: str, k: int, exclude_seen: bool) -> list[tuple[str, float]]:
     history, times, events = user_history(run_dir, user)
     rec = Recommender.from_run(run_dir)
+    events = {name: v for name, v in events.items() if name in rec.model.event_feature_names()}
     return [(r.item, r.score) for r in rec.recommend(history, k, exclude_seen=exclude_seen, times=times,
                                                       events=events)]
 

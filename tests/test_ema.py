@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from seqrec.cli.common import run_config
 from seqrec.config import resolve
 from seqrec.data.dataset import PreparedDataset
 from seqrec.errors import SeqrecError
@@ -41,6 +42,7 @@ def test_checkpoint_and_refit_hold_the_averaged_weights(tiny_dataset: PreparedDa
     cfg = resolve({}, sets)
     loop.fit(cfg, tiny_dataset, tmp_path / "run")
     saved, _ = load_checkpoint(tmp_path / "run" / "checkpoint")
+    cfg = run_config(tmp_path / "run")  # what the run's "auto" settings became (fit leaves `cfg` as it was)
 
     # the same seeded epoch by hand: the checkpoint is its running average, not its last weights
     model, opt, batches, step = loop.setup(cfg, tiny_dataset, torch.device("cpu"))

@@ -131,7 +131,7 @@ def test_cli_prepare_with_items_and_stats(tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
     assert main(["data", "stats", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "6  (2 without interactions)" in printed and "1 log items without a row" in printed
+    assert "6  (2 without interactions: the item table" in printed and "1 log items without a row" in printed
 
 
 SEQ_HEADER = "user_id:token\titem_id_list:token_seq\titem_id:token\n"

@@ -16,6 +16,7 @@ import torch
 from seqrec.cli import main
 from seqrec.data.batching import history_batch
 from seqrec.data.prepare import PrepareOptions, prepare
+from seqrec.errors import SeqrecError
 from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
 from seqrec.serve.metrics import Limits
@@ -309,6 +310,17 @@ def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, 
     # replacing the text brings it back
     again = client.post("/items", json={"items": [{"id": "fresh", "text": "red glue tape"}]}).json()
     assert again["replaced"] == ["fresh"] and client.get("/items/fresh").json()["recommendable"] is True
+
+
+def test_items_from_python_are_id_to_text_mappings(runs: dict[str, Path]) -> None:
+    rec = Recommender.from_run(runs["unisrec"])
+    n = rec.n_items
+    for items, titles in (({5: "x"}, None), ({"n1": 5}, None), ({"n1": "red glue"}, {"n1": 7})):
+        with pytest.raises(SeqrecError, match="item ids, texts and titles are strings"):
+            rec.add_items(items, titles)  # type: ignore[arg-type]
+    with pytest.raises(SeqrecError, match="non-empty mapping of item id -> text"):
+        rec.add_items(["n1"])  # type: ignore[arg-type]
+    assert rec.n_items == n
 
 
 def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:

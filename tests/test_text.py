@@ -238,3 +238,18 @@ def test_only_pretraining_encodes_the_word_dropped_view(tiny_dataset: PreparedDa
     fresh = text_embeddings(tiny_dataset, options, encoder_factory=Counting())
     assert fresh.emb_word_drop is not None and both.emb_word_drop is not None
     assert torch.equal(fresh.emb, both.emb) and torch.equal(fresh.emb_word_drop, both.emb_word_drop)
+
+
+def test_encoding_without_a_terminal_logs_its_progress(encoder_dir: Path, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log file gets lines (tests have no terminal, so the bar draws nothing); without progress, none."""
+    from seqrec import progress
+
+    monkeypatch.setattr(progress, "EVERY_S", -1.0)
+    encoder = TextEncoder(str(encoder_dir), max_length=16)
+    texts = [f"item {i} " + "word " * (i % 7) for i in range(40)]
+    with caplog.at_level("INFO", logger="seqrec"):
+        encoder.encode(texts, batch_size=2, progress=False)
+        assert "encoded" not in caplog.text
+        encoder.encode(texts, batch_size=2, progress=True)
+    assert "of 40 texts, about" in caplog.text

@@ -521,3 +521,42 @@ def test_pretraining_with_a_history_bias_learns_that_users_do_not_come_back(
     assert model.history is not None and float(model.history.beta().detach()[:3].max()) < -0.5
     with pytest.raises(SeqrecError, match="in-batch"):
         Pretrainer(model, PretrainConfig(negatives="moco"), domains.text_word_drop)
+
+
+@pytest.mark.parametrize("which", ["trained", "all"])
+def test_sampled_softmax_makes_vectors_for_the_items_in_play_only(
+        tiny_dataset: PreparedDataset, encoder_dir: Path, tmp_path: Path, which: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.loss="sampled_softmax": the loss over the batch's targets and its popularity-drawn negatives
+    (logQ-corrected; items the training softmax leaves out never count as negatives) equals that loss written
+    out over the whole item table, while the adaptor only sees the items in play."""
+    from seqrec.data.counts import train_item_counts
+    from seqrec.eval.cold import cold_item_split
+    from seqrec.nn.losses import sampled_softmax
+
+    data = cold_item_split(tiny_dataset, 0.3, 0, tmp_path / "cold")
+    batch = next(iter(TrainBatches(data, 8, 16, seed=0)))
+    model = UniSRec.from_dataset(tiny_config(encoder_dir, loss="sampled_softmax", n_negatives=5, softmax_items=which,
+                                             dropout=0.0, attn_dropout=0.0, adaptor_dropout=0.0, gate_noise=False,
+                                             history_bias=False), data, 8)
+    model.fit_data(data)
+    counts = torch.as_tensor(train_item_counts(data), dtype=torch.float32)
+    assert torch.equal(model.sampler.counts, counts)  # type: ignore[union-attr]
+    seen: list[int] = []
+    adaptor = model.adaptor.forward
+    monkeypatch.setattr(model.adaptor, "forward", lambda x: seen.append(len(x)) or adaptor(x))
+    torch.manual_seed(3)
+    loss = model.loss(batch)
+    has = batch.targets != 0
+    targets = batch.targets[has]
+    torch.manual_seed(3)
+    neg = model.sampler.sample((5,), torch.device("cpu"))  # type: ignore[union-attr]
+    assert seen[-1] == len(torch.unique(torch.cat([targets, neg])))  # not the whole catalogue
+    states = F.normalize(model.hidden(batch.items), dim=-1)[has]
+    bias = model.softmax_bias(model.n_items + 1, states.device)
+    assert (bias is not None) is (which == "trained")
+    log_q = model.sampler.log_q()  # type: ignore[union-attr]
+    expected = sampled_softmax(states, model.item_embeddings(), bias, targets, neg, log_q[targets], log_q[neg])
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(SeqrecError, match=r"history_bias needs model.loss='ce'"):
+        tiny_config(encoder_dir, loss="sampled_softmax", history_bias=True)

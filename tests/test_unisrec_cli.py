@@ -59,7 +59,7 @@ def test_pretrain_then_finetune_both_settings(negatives: str, setup: tuple[Path,
               "--set", "pretrain.progress=false")
     assert "steps" in out
     meta = json.loads((pre / "checkpoint" / "model.json").read_text())
-    assert meta["n_items"] == 50 and meta["domains"] == {"synthetic": 0, "synthetic#2": 30}
+    assert meta["n_items"] == 50 and meta["domains"] == {"a": 0, "b": 30}  # named after their folders
     rows = [json.loads(line) for line in (pre / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
     for setting in ("inductive", "transductive"):
@@ -324,3 +324,29 @@ def test_finetune_adaptor_only_with_a_kept_mix_and_refit(setup: tuple[Path, Path
     assert start and all(k.startswith("adaptor.") for k in start)
     state = model.state_dict()
     assert any(not torch.allclose(state[k], start[k]) for k in start)  # fine-tuning moved the adaptor
+
+
+def test_train_with_a_sampled_softmax_serves_and_fine_tunes(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """model.loss="sampled_softmax" end to end: trained (the auto history bias off: it needs the full softmax),
+    served, and fine-tuned from a pre-trained model (the target's own popularity counts)."""
+    from seqrec.serve import Recommender
+
+    enc, a, b = setup
+    out = tmp_path / "sampled"
+    sampled = ["--set", 'model.loss="sampled_softmax"', "--set", "model.n_negatives=8", "--set", "train.epochs=2",
+               "--set", "train.progress=false", "--set", f'model.text_encoder="{enc}"']
+    run(capsys, "train", "--dataset", str(a), "--model", "unisrec", "--out", str(out), *TINY, *sampled)
+    results = json.loads((out / "results.json").read_text())
+    assert {d["key"]: d["value"] for d in results["auto"]}["model.history_bias"] is False
+    assert np.isfinite(results["test"]["ndcg@10"])
+    assert len(Recommender.from_run(out).recommend(["i3", "i4"], k=5)) == 5
+    pre = tmp_path / "pre"
+    run(capsys, "pretrain", "--datasets", str(b), "--out", str(pre), *TINY, "--set", f'model.text_encoder="{enc}"',
+        "--set", "pretrain.epochs=1", "--set", "pretrain.max_len=8", "--set", "pretrain.batch_size=16",
+        "--set", "pretrain.progress=false")
+    tuned = tmp_path / "tuned"
+    run(capsys, "finetune", str(a), "--from", str(pre), "--setting", "inductive", "--out", str(tuned),
+        "--set", "data.max_len=8", *sampled[:4], "--set", "train.epochs=1", "--set", "train.progress=false")
+    model, _ = load_checkpoint(tuned / "checkpoint")
+    assert model.sampler is not None and float(model.sampler.counts.sum()) > 0  # type: ignore[union-attr]

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seqrec.data.io import RUN_FILES
 from seqrec.errors import SeqrecError
 
 if TYPE_CHECKING:
@@ -85,7 +86,6 @@ def run_progress(run: Path) -> str:
     return f"not finished: stopped after epoch {epoch}; --resume it"
 
 
-RUN_FILES = ("config.json", "results.json", "checkpoint", "state", "data_card.json")  # what makes a run folder
 
 
 def zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import time
@@ -106,11 +105,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     options = PrepareOptions(**{k: v for k, v in defaults.items() if k in keys})
     name = args.name or Path(args.path).stem
     dest = Path(args.out) if args.out else _home() / "prepared" / name
-    # the dataset is called after its folder, the name `--dataset` finds it by (`--out .../ml-100k-time`
-    # gives ml-100k-time, not ml-100k), so runs on two preparations of one source are told apart
-    name = dest.resolve().name or name
     before = _fingerprint(dest)
-    data = prepare(dataclasses.replace(raw, name=name), options, dest)
+    data = prepare(raw, options, dest)  # named after its folder: `--out .../ml-100k-time` gives ml-100k-time
+    name = data.meta["name"]
     s = data.stats()
     print(f"prepared {name} -> {dest} in {time.perf_counter() - t0:.1f}s: "
           f"{s['users']} users, {s['items']} items, {s['interactions']} interactions")
@@ -166,7 +163,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"users         {stats['users']:,}  ({stats['valid_users']:,} with a validation target, "
           f"{stats['test_users']:,} with a test target)")
     unused = stats["items_without_interactions"]
-    print(f"items         {stats['items']:,}" + (f"  ({unused:,} without interactions)" if unused else ""))
+    print(f"items         {stats['items']:,}" + (f"  ({unused:,} without interactions: the item table's "
+                                                   "items never in the log or whose events were filtered out)"
+                                                   if unused else ""))
     catalogue = stats.get("catalogue")
     if catalogue:
         print(f"item table    {catalogue['item_table']}: {catalogue['table_items']:,} items, "
@@ -243,9 +242,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--text-template", help='item text from the table\'s fields, e.g. "{title}. {brand}"')
     pr.add_argument("--out", help="output folder (default $SEQREC_HOME/prepared/NAME); the dataset is named "
                     "after it")
-    pr.add_argument("--dedupe", choices=["none", "consecutive", "first"])
-    pr.add_argument("--kcore", type=int)
-    pr.add_argument("--min-user-len", type=int)
+    pr.add_argument("--dedupe", choices=["none", "consecutive", "first"],
+                    help="repeated events: none (keep all, the default), consecutive (drop an event of the item "
+                    "just before it, exact duplicates included), first (keep each user's first event of each item "
+                    "only: no repeats left)")
+    pr.add_argument("--kcore", type=int, help="keep only users and items with at least K events, repeatedly "
+                    "(0 or 1: no filtering, the default)")
+    pr.add_argument("--min-user-len", type=int, help="drop users with fewer events (default 3, the least "
+                    "leave-one-out takes)")
     pr.add_argument("--split", choices=["leave-one-out", "time"],
                     help="leave-one-out (default) or a global time split at two time quantiles")
     pr.add_argument("--test-frac", type=float, help="time split: share of events at or after the test cutoff (0.1)")

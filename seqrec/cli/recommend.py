@@ -46,7 +46,10 @@ def user_history(run: Path, user: str) -> tuple[list[str], list[float] | None, d
     users = pl.read_parquet(data.path / "users.parquet")
     match = users.filter(pl.col("user") == user)
     if match.height == 0:
-        raise SeqrecError(f"unknown user {user!r} in {data.path}")
+        options = data.meta.get("options", {})
+        raise SeqrecError(f"unknown user {user!r} in {data.path} (prepare drops users left with fewer than "
+                          f"{options.get('min_user_len', 3)} events after dedupe={options.get('dedupe', 'none')} "
+                          f"and kcore={options.get('kcore', 0)}: ask with --history instead)")
     u = int(match["idx"][0])
     lo, hi = int(data.offsets[u]), int(data.offsets[u + 1])
     raw = data.item_table.sort("idx")["item"].to_list()
@@ -166,6 +169,7 @@ def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
     said: list[str] = []  # the user's history, printed once the request is known to be answered
     if args.user is not None:
         history, times, events = user_history(Path(args.run), args.user)
+        events = {name: v for name, v in events.items() if name in rec.model.event_feature_names()}  # the model's
         titles = rec.titles or [None] * rec.n_items
         said.append(f"user {args.user}: {len(history)} items; the last {min(10, len(history))}:")
         said += [f"       {raw:<12} {titles[rec.index[raw] - 1] or ''}" for raw in history[-10:]]

@@ -33,6 +33,7 @@ from seqrec.data.readers import (
     read_unisrec,
     read_yelp_items,
 )
+from seqrec.data.readers_table import as_frame
 from seqrec.data.types import ItemTable, RawDataset
 from seqrec.errors import SeqrecError
 
@@ -205,15 +206,25 @@ def format_options(fmt: str) -> tuple[list[str], list[str]]:
     return required, [p.name for p in params if p.name not in required]
 
 
-def load_format(fmt: str, path: Path, **options: Any) -> RawDataset:
-    """Read `path` with the reader for `fmt`; `options` are that reader's keyword arguments."""
+TABLE_FORMATS = ("csv", "tsv", "parquet", "jsonl", "table")  # the readers that also take a DataFrame
+
+
+def load_format(fmt: str, path: Path | str | pl.DataFrame, **options: Any) -> RawDataset:
+    """Read `path` with the reader for `fmt`; `options` are that reader's keyword arguments. The table
+    formats also read a polars or pandas DataFrame given in place of the path (`load_format("table", frame,
+    user_col=..., item_col=..., time_col=...)`)."""
     reader = FORMATS.get(fmt.lower())
     if reader is None:
         raise SeqrecError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    frame = as_frame(path)
+    if frame is not None and fmt.lower() not in TABLE_FORMATS:
+        raise SeqrecError(f"format {fmt!r} reads files; a DataFrame is read by a table format "
+                          f"({', '.join(TABLE_FORMATS)})")
+    source: Path | pl.DataFrame = frame if frame is not None else Path(path)  # type: ignore[arg-type]
     signature = inspect.signature(reader)
     try:
-        signature.bind(Path(path), **options)
+        signature.bind(source, **options)
     except TypeError as err:
         accepted = ", ".join(list(signature.parameters)[1:])
         raise SeqrecError(f"format {fmt!r}: {err} (options: {accepted})") from None
-    return reader(Path(path), **options)
+    return reader(source, **options)

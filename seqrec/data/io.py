@@ -70,3 +70,19 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SeqrecError(f"{path}: not valid JSON ({exc})") from None
+
+
+RUN_FILES = ("config.json", "results.json", "checkpoint", "state", "data_card.json")  # what makes a run folder
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run goes into a folder that is absent or holds no run: its files would mix with the old run's
+    (checked by the first process of a distributed run, which writes the folder)."""
+    if os.environ.get("RANK", "0") != "0" or not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise SeqrecError(f"{run_dir}: a file is there, not a run folder")
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if held:
+        raise SeqrecError(f"{run_dir} holds a run ({', '.join(held)}): train into another folder, remove it "
+                          "first, or resume it (resume=True; `seqrec train --resume`)")

@@ -28,9 +28,10 @@ from seqrec.errors import SeqrecError
 log = logging.getLogger(__name__)
 
 
-def read_item_table(path: Path, item_key: str, sep: str | None = None) -> ItemTable:
-    """The table at `path`, keyed by its column `item_key` (renamed `item`); other columns as text."""
-    table = TableFile.of(Path(path), sep, "item table")
+def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | None = None) -> ItemTable:
+    """The table at `path` (or a polars / pandas DataFrame), keyed by its column `item_key` (renamed `item`);
+    other columns as text."""
+    table = TableFile.of(path, sep, "item table")
     columns = table.columns()
     if item_key not in columns:
         listed = ", ".join(map(repr, columns))

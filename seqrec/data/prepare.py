@@ -26,7 +26,7 @@ Steps, all vectorised with Polars:
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -145,7 +145,10 @@ def time_split(times: np.ndarray, offsets: np.ndarray, options: PrepareOptions) 
 
 def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDataset:
     """A reader's output -> the prepared-dataset folder `dest` (written atomically) and its view:
-    order, dedupe, k-core, id maps and split, as the module docstring describes."""
+    order, dedupe, k-core, id maps and split, as the module docstring describes. The dataset is named after
+    its folder, the name `--dataset` finds it by (two preparations of one source are told apart)."""
+    dest = Path(dest)
+    raw = replace(raw, name=dest.resolve().name or raw.name)
     frame = raw.interactions.frame
     source = raw.interactions.source
     presplit = "split" in frame.columns

@@ -7,6 +7,9 @@ other layout is guessed: 01/02/2020 may be the 1st of February or the 2nd of
 January, so it needs `time_format`. User and item ids are kept as strings exactly
 as written (CSV columns are read as text, so "007" stays "007").
 
+A table already in memory (a polars or pandas DataFrame, from Python) is read as a file is, with the
+same checks; its rows are named by number.
+
 A file polars cannot read is reported at its first bad line: the first JSON line
 that is not an object, the first CSV row with more fields than its header.
 """
@@ -19,7 +22,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 
@@ -34,6 +37,7 @@ SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TableKind = Literal["csv", "parquet", "jsonl"]
+FRAME = Path("<DataFrame>")  # how errors name a table given in memory
 TAB_NAMES = ("\\t", "tab")  # a tab as typed on a command line: the escape `\t` (two characters) or the word
 
 
@@ -48,16 +52,23 @@ def separator(sep: str, path: Path) -> str:
 
 @dataclass(frozen=True)
 class TableFile:
-    """A table on disk: CSV / TSV (`sep` set), Parquet or JSON lines (one object per line)."""
+    """A table on disk: CSV / TSV (`sep` set), Parquet or JSON lines (one object per line); or one in memory
+    (`frame`: a DataFrame given from Python)."""
 
     path: Path
-    kind: Literal["csv", "parquet", "jsonl"]
+    kind: Literal["csv", "parquet", "jsonl", "frame"]
     sep: str | None = None
+    frame: pl.DataFrame | None = None
 
     @classmethod
-    def of(cls, path: Path, sep: str | None = None, what: str = "table", kind: TableKind | None = None) -> TableFile:
+    def of(cls, path: Path | Any, sep: str | None = None, what: str = "table",
+           kind: TableKind | None = None) -> TableFile:
         """`kind` when given (a `--format`), else the type the suffix names: a separator makes it CSV-like.
-        A suffix of another type than `kind` is refused: reading Parquet bytes as CSV helps nobody."""
+        A suffix of another type than `kind` is refused: reading Parquet bytes as CSV helps nobody.
+        A polars or pandas DataFrame is the table itself (`kind` and `sep` do not apply)."""
+        frame = as_frame(path)
+        if frame is not None:
+            return cls(FRAME, "frame", frame=frame)
         path = require_file(Path(path), what)
         suffix = path.suffix.lower()
         named: TableKind | None = ("parquet" if suffix in PARQUET_SUFFIXES else "jsonl" if suffix in JSONL_SUFFIXES
@@ -78,6 +89,8 @@ class TableFile:
         return cls(path, "csv", SEPARATORS.get(suffix, ","))
 
     def columns(self) -> list[str]:
+        if self.frame is not None:
+            return self.frame.columns
         try:
             if self.kind == "parquet":
                 return list(pl.read_parquet_schema(self.path))
@@ -89,6 +102,8 @@ class TableFile:
 
     def load(self, wanted: list[str], text_cols: Sequence[str] = ()) -> pl.DataFrame:
         """Only the wanted columns; `text_cols` are read from CSV as Utf8, others inferred."""
+        if self.frame is not None:
+            return self.frame.select(wanted)
         try:
             if self.kind == "parquet":
                 return pl.read_parquet(self.path, columns=wanted)
@@ -120,9 +135,24 @@ class TableFile:
 
     def row_label(self, index: int) -> str:
         """Where data row `index` (0-based) is: a line of the file (after a CSV header) or a Parquet row."""
-        if self.kind == "parquet":
+        if self.kind in ("parquet", "frame"):
             return f"{self.path}, row {index + 1}"
         return f"{self.path}, line {index + (2 if self.kind == 'csv' else 1)}"
+
+
+def as_frame(table: Any) -> pl.DataFrame | None:
+    """A polars DataFrame for a polars or pandas one (pandas through polars' converter); None for a path."""
+    if isinstance(table, pl.DataFrame):
+        return table
+    if type(table).__module__.split(".")[0] == "pandas" and hasattr(table, "columns"):
+        try:
+            return pl.from_pandas(table)
+        except (ImportError, TypeError, ValueError, pl.exceptions.PolarsError) as err:
+            raise SeqrecError(f"{FRAME}: the pandas DataFrame cannot be converted to polars "
+                              f"({_first_line(err)})") from None
+    if isinstance(table, (pl.LazyFrame, pl.Series)):
+        raise SeqrecError(f"a table must be a path or a DataFrame, not a {type(table).__name__} (collect it first)")
+    return None
 
 
 def _first_line(err: Exception) -> str:
@@ -254,7 +284,7 @@ def check_time_range(seconds: pl.Series, path: Path, column: str) -> None:
 
 
 def read_table(
-    path: Path,
+    path: Path | str | pl.DataFrame,
     user_col: str,
     item_col: str,
     time_col: str | None = None,
@@ -265,8 +295,8 @@ def read_table(
     kind: TableKind | None = None,
 ) -> RawDataset:
     """A CSV / TSV / Parquet / JSON-lines event log: of type `kind` when given, else the type the suffix names
-    (CSV-like when `sep` is given)."""
-    table = TableFile.of(Path(path), sep, kind=kind)
+    (CSV-like when `sep` is given); or a polars / pandas DataFrame holding the log (from Python)."""
+    table = TableFile.of(path, sep, kind=kind)
     path = table.path
     if user_col == item_col:
         raise SeqrecError(f"{table.path}: the user and the item column are both {user_col!r}")

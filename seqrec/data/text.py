@@ -19,11 +19,11 @@ few 1e-5 measured: benchmarks/text_encode.py measures both). Precision is not pa
 cache key, as the vectors it changes are equal within that tolerance; the JSON beside each file
 records which was used.
 
-Items with no text: `missing="id"` uses the text "item <raw id>", `missing="mean"` the mean vector
-of the items that have text, `missing="error"` refuses. The default, "auto", takes the mean for a
-few (at most 1% of the catalogue, with a warning naming them); for more it takes vectors built with
-an explicit policy (`seqrec text encode --missing id`) and refuses otherwise, since a text model fed
-mostly stand-ins has little to learn from. Zeros are never used silently.
+Items with no text: `missing="id"` uses the text "item <raw id>", `missing="mean"` the mean vector of the items
+that have text, `missing="error"` refuses. The default, "auto", takes the mean for a few (at most 1% of the
+catalogue, with a warning naming them); for more it takes vectors built with an explicit policy (`seqrec text
+encode --missing id`) and refuses otherwise, since a text model fed mostly stand-ins has little to learn from.
+Zeros are never used silently. Without a terminal, progress comes as a log line a minute (seqrec.progress).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from seqrec.data.item_text import (
     word_drop,
 )
 from seqrec.errors import SeqrecError
+from seqrec.progress import ProgressLog
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,7 @@ def native_bf16(device: str) -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.get_device_capability(torch.device(device))[0] >= 8)
     if kind != "cpu":
         return False
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    cpu, checks = getattr(torch, "cpu", None), ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
@@ -208,7 +208,7 @@ class TextEncoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         budget = batch_size * TOKENS_PER_TEXT
         bar = tqdm(total=len(texts), desc="encoding text", disable=None if progress else True, leave=False)
-        lo = 0
+        lo, said = 0, ProgressLog(bar, len(texts), progress)  # log lines where no bar is drawn
         while lo < len(order):
             longest = -(-len(ids[order[lo]]) // PAD_MULTIPLE) * PAD_MULTIPLE
             rows = order[lo : lo + max(1, budget // longest)]
@@ -222,6 +222,8 @@ class TextEncoder:
                 pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
             out[rows] = pooled.float().cpu().numpy()
             bar.update(len(rows))
+            if said.due():  # the longest texts come first: the estimate errs long
+                log.info("encoded %d of %d texts, about %.0f s left", lo, len(texts), said.left_s(lo))
         bar.close()
         return out
 

@@ -59,6 +59,8 @@ def _read(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def compare_runs(runs: Sequence[Path | str]) -> tuple[list[Group], list[str]]:
     """The runs grouped by everything but their seed -> (groups in the order of their first run, the
     setting keys in which the groups differ: what names a group)."""
+    if isinstance(runs, (str, Path)):
+        raise SeqrecError(f"give a list of run folders to compare, not one: [{str(runs)!r}, ...]")
     if not runs:
         raise SeqrecError("give the run folders to compare")
     groups: dict[str, Group] = {}

@@ -14,6 +14,7 @@ from seqrec.config import EvalConfig
 from seqrec.data.batching import eval_batches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import dataset_event_values
+from seqrec.errors import SeqrecError
 from seqrec.eval.metrics import metrics_from_ranks
 from seqrec.eval.ranking import RankRequest, stream_ranks, user_chunk_size
 from seqrec.models.base import SequentialModel
@@ -53,6 +54,12 @@ def protocol(data: PreparedDataset, cfg: EvalConfig, which: str, max_len: int,
 def evaluate_ranks(model: SequentialModel, data: PreparedDataset, which: str, max_len: int,
                    cfg: EvalConfig, device: torch.device) -> np.ndarray:
     """1-based rank of each user's `which` target among all items."""
+    if which not in ("valid", "test"):
+        raise SeqrecError(f"the split evaluated is 'valid' or 'test', not {which!r}")
+    n_items = int(getattr(model, "n_items", data.n_items))
+    if n_items != data.n_items:
+        raise SeqrecError(f"the model scores {n_items:,} items and {data.meta['name']} has {data.n_items:,}: a "
+                          "model is evaluated on the dataset it was trained on")
     was_training = model.training
     model.eval()
     item_emb, bias = model.item_embeddings().detach(), model.item_bias()

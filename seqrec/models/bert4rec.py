@@ -87,7 +87,7 @@ class BERT4RecConfig:
     negatives: Literal["uniform", "popularity"] = "uniform"
     logq: bool = False
     gbce_t: float = 0.75
-    init_std: float = 0.02
+    init_std: float = 0.02  # standard deviation of the normal initialisation of the weights
     output_bias: bool = True
     tied: bool = True
 

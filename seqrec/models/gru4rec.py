@@ -110,11 +110,12 @@ class GRU4RecConfig:
     negatives: Literal["uniform", "popularity"] = "uniform"
     logq: bool = False
     gbce_t: float = 0.75
-    init_std: float = 0.02
+    init_std: float = 0.02  # standard deviation of the normal initialisation of the item tables
     output_bias: bool = True
     tied: bool = True
-    history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
-    # (seqrec.nn.history); "auto": on with a full-softmax loss (seqrec.train.auto)
+    # learned offset for items already in the history (seqrec.nn.history); "auto": on with a full-softmax loss
+    # (seqrec.train.auto)
+    history_bias: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         if self.n_layers < 1 or not 0 <= self.dropout < 1:

@@ -62,11 +62,12 @@ class SASRecConfig:
     negatives: Literal["uniform", "popularity"] = "uniform"
     logq: bool = False  # logQ correction of sampled_softmax
     gbce_t: float = 0.75  # gSASRec calibration
-    init_std: float = 0.02
+    init_std: float = 0.02  # standard deviation of the normal initialisation of the weights
     emb_scale: bool = True  # multiply item embeddings by sqrt(d) at the input, as the SASRec paper does
     input_norm: bool = False  # LayerNorm(item + position) before the dropout, as BERT and RecBole's SASRec do
-    history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
-    # (seqrec.nn.history); "auto": on with a full-softmax loss (seqrec.train.auto)
+    # learned offset for items already in the history (seqrec.nn.history); "auto": on with a full-softmax loss
+    # (seqrec.train.auto)
+    history_bias: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         check_encoder_config(self)

@@ -16,6 +16,7 @@ Shapes: B batch, L length, D hidden, N items, D_text text width.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -35,7 +36,8 @@ from seqrec.nn.embeddings import position_ids
 from seqrec.nn.features import FeatureBlock
 from seqrec.nn.history import HistoryBias
 from seqrec.nn.init import normal_init
-from seqrec.nn.losses import full_ce
+from seqrec.nn.losses import full_ce, sampled_softmax
+from seqrec.nn.objective import Objective
 from seqrec.nn.rows import append_rows
 from seqrec.nn.transformer import Encoder, attention_mask, check_encoder_config, extend_causal
 
@@ -57,8 +59,9 @@ class UniSRecConfig:
     adaptor_dropout: float = 0.2
     gate_noise: bool = True
     whitening_init: bool = False  # start each MoE expert as an SVD whitening of the text table
-    # each domain its own mean in pre-training, a new catalogue its own from its item text alone
-    text_centre: bool = False  # subtract the catalogue's mean text vector before the adaptor
+    # subtract the catalogue's mean text vector before the adaptor: in pre-training each domain its own mean, a
+    # new catalogue its own from its item text alone
+    text_centre: bool = False
     positions_from: Literal["end", "start"] = "end"  # "start": sessions can keep a KV cache (see SASRec)
     item_ids: bool = False  # transductive: add a learned item ID embedding to the text vector
     freeze_encoder: bool = False  # inductive fine-tuning: Transformer, positions and input LN frozen
@@ -67,16 +70,21 @@ class UniSRecConfig:
     # text like items added later; "all" = every catalogue item is a negative (training and fine-tuning;
     # pre-training's negatives are the other items of its batch)
     softmax_items: Literal["trained", "all"] = "all"
-    history_bias: bool | Literal["auto"] = "auto"  # learned offset for items already in the history
-    # (seqrec.nn.history); "auto": on with a full-softmax loss (seqrec.train.auto)
-    init_std: float = 0.02
-    # how the text vectors are made (the key of the text cache; see seqrec.data.text)
-    text_dim: int = 384
-    text_encoder: str = "default"
-    text_revision: str = ""
-    text_pooling: Literal["mean", "cls"] = "mean"
-    text_max_length: int = 128
-    text_template: str = ""
+    # "ce": the softmax over the catalogue, every item's vector made by the adaptor at every step;
+    # "sampled_softmax": over the batch's targets and n_negatives items drawn for the batch by training-split
+    # popularity, with the logQ correction: the adaptor runs over those items only (large catalogues)
+    loss: Literal["ce", "sampled_softmax"] = "ce"
+    n_negatives: int = 1024  # items drawn per batch (sampled_softmax)
+    # learned offset for items already in the history (seqrec.nn.history); "auto": on with a full-softmax loss
+    # (seqrec.train.auto)
+    history_bias: bool | Literal["auto"] = "auto"
+    init_std: float = 0.02  # standard deviation of the normal initialisation of the weights
+    text_dim: int = 384  # the width of the frozen encoder's vectors (it and the text_* below key the text cache)
+    text_encoder: str = "default"  # "default" (the packaged all-MiniLM-L6-v2), a local folder or a model name
+    text_revision: str = ""  # "": a fingerprint of a local folder's files ("main" for a model name)
+    text_pooling: Literal["mean", "cls"] = "mean"  # the text vector: the tokens' mean or the CLS token
+    text_max_length: int = 128  # tokens read of each text
+    text_template: str = ""  # e.g. "{title}. {brand}"; "": the item's text field, else its known fields
     text_missing: Literal["auto", "error", "id", "mean"] = "auto"  # auto: the mean vector for <= 1% of items
     text_word_drop: float = 0.15
     text_precision: Literal["auto", "fp32", "bf16"] = "auto"  # how the encoder computes (not part of the key)
@@ -88,6 +96,11 @@ class UniSRecConfig:
         check_precision(self.text_precision)
         if self.softmax_items not in ("trained", "all"):
             raise SeqrecError(f"model.softmax_items must be 'trained' or 'all', got {self.softmax_items!r}")
+        if self.loss not in ("ce", "sampled_softmax") or self.n_negatives < 1:
+            raise SeqrecError(f"model.loss must be 'ce' or 'sampled_softmax' (got {self.loss!r}) and "
+                              f"model.n_negatives >= 1 (got {self.n_negatives})")
+        if self.loss != "ce" and self.history_bias is True:
+            raise SeqrecError("model.history_bias needs model.loss='ce' (its offsets enter the full softmax)")
 
     def text_options(self) -> TextOptions:
         return TextOptions(encoder=self.text_encoder, revision=self.text_revision, pooling=self.text_pooling,
@@ -132,6 +145,9 @@ class UniSRec(SequentialModel):
                 module.requires_grad_(False)
         self.feature_block = FeatureBlock(features, n_items, d) if features is not None else None
         self.history = HistoryBias(max_len) if config.history_bias is True else None  # transfer: seqrec.train.transfer
+        self.sampler = (Objective(SimpleNamespace(loss="sampled_softmax", n_negatives=config.n_negatives, logq=True,
+                                                  negatives="popularity", gbce_t=0.0), n_items)
+                        if config.loss == "sampled_softmax" else None)  # its counts: training-split popularity
         self.untrained: torch.Tensor | None = None  # (N+1,) bool, items with no training event (`fit_data`)
 
     def sequence_encoder(self) -> list[nn.Module]:
@@ -220,7 +236,10 @@ class UniSRec(SequentialModel):
         """Items with no training event: left out of the training softmax (`softmax_items = "trained"`);
         transductive, their ID vectors are held at zero (there is nothing to learn them from). Either way
         they are scored from their text alone, as items added later by `add_items` are."""
-        untrained = torch.as_tensor(train_item_counts(data) == 0, device=self.text_emb.device)
+        counts = train_item_counts(data)
+        if self.sampler is not None:
+            self.sampler.set_counts(counts)
+        untrained = torch.as_tensor(counts == 0, device=self.text_emb.device)
         untrained[0] = False  # padding: never a candidate anyway
         self.untrained = untrained
         if self.item_emb is None or not self.item_emb.weight.requires_grad:
@@ -253,10 +272,23 @@ class UniSRec(SequentialModel):
         assert batch.targets is not None, "training batches carry targets"
         keep = batch.targets != 0
         states = F.normalize(self.hidden(batch.items, events=batch.events), dim=-1)  # (B, L, D)
+        if self.sampler is not None:
+            return self.sampled_loss(states[keep], batch.targets[keep])
         W = self.item_embeddings()
         bias = self.softmax_bias(W.shape[0], W.device)
         history = None if self.history is None else self.history.training_rows(states, batch.items, W, bias, keep)
         return full_ce(states[keep], W, bias, batch.targets[keep], history=history)
+
+    def sampled_loss(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The sampled softmax of states h (M, D) against their targets (M,) and the batch's negatives: item
+        vectors made for those items alone; items the training softmax leaves out are never negatives."""
+        assert self.sampler is not None
+        neg = self.sampler.sample((self.sampler.k,), h.device)
+        ids, at = torch.unique(torch.cat([target, neg]), return_inverse=True)
+        bias = self.softmax_bias(self.n_items + 1, h.device)
+        log_q = self.sampler.log_q().to(h.device)
+        return sampled_softmax(h, self.item_vectors(ids), None if bias is None else bias[ids], at[: len(target)],
+                               at[len(target) :], log_q[target], log_q[neg])
 
     @torch.no_grad()
     def set_item_text(self, ids: torch.Tensor, text_emb: torch.Tensor) -> None:

@@ -51,10 +51,11 @@ from seqrec.errors import SeqrecError
 from seqrec.serve.faiss_index import FaissRetriever, default_n_lists, default_n_probe, faiss, item_rows, query_rows
 from seqrec.serve.retriever import ExactRetriever, Retriever, rank
 
-__all__ = ["INDEX_KINDS", "ExactRetriever", "FaissRetriever", "Retriever", "build_retriever", "default_n_lists",
-           "default_n_probe", "faiss", "item_rows", "query_rows", "rank"]
+__all__ = ["INDEX_KINDS", "INDEX_OPTIONS", "ExactRetriever", "FaissRetriever", "Retriever", "build_retriever",
+           "default_n_lists", "default_n_probe", "faiss", "item_rows", "query_rows", "rank"]
 
 INDEX_KINDS = ("exact", "hnsw", "ivf")
+INDEX_OPTIONS = ("hnsw_m", "ef_construction", "ef_search", "n_lists", "n_probe", "threads", "seed")  # build_retriever's
 
 
 def build_retriever(kind: str, vectors: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -66,6 +67,11 @@ def build_retriever(kind: str, vectors: torch.Tensor, bias: torch.Tensor | None 
     k-means initialisation."""
     if kind not in INDEX_KINDS:
         raise SeqrecError(f"unknown index kind {kind!r}; one of {', '.join(INDEX_KINDS)}")
+    for name, value, least in (("hnsw_m", hnsw_m, 2), ("ef_construction", ef_construction, 1),
+                               ("ef_search", ef_search, 1), ("n_lists", n_lists, 1), ("n_probe", n_probe, 1),
+                               ("threads", threads, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise SeqrecError(f"index option {name} must be a whole number >= {least}, got {value!r}")
     if threads is not None:
         faiss.omp_set_num_threads(threads)
     if kind == "exact":

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import DERIVED_EVENTS
 from seqrec.data.readers_table import JSONL_SUFFIXES, PARQUET_SUFFIXES, SEPARATORS
+from seqrec.data.types import RawDataset
 from seqrec.errors import SeqrecError
 from seqrec.serve.recommender import Recommender
 
@@ -130,6 +131,8 @@ def from_dataset(rec: Recommender, data: PreparedDataset, users: Sequence[str] |
     if users is None:
         names, codes, unknown = table["user"].to_list(), table["idx"].to_numpy(), []
     else:
+        if isinstance(users, str) or any(not isinstance(u, str) for u in users):
+            raise SeqrecError("users are a list of user ids, strings as the log wrote them (e.g. ['1', '2'])")
         code_of = dict(zip(table["user"].to_list(), table["idx"].to_list(), strict=True))
         asked = list(dict.fromkeys(users))
         unknown = [u for u in asked if u not in code_of]
@@ -150,10 +153,18 @@ def from_dataset(rec: Recommender, data: PreparedDataset, users: Sequence[str] |
     return out
 
 
-def from_log(rec: Recommender, frame: pl.DataFrame) -> Histories:
-    """A log as `seqrec.data.readers_table.read_table` gives it (user, item, timestamp and event columns):
-    users in the order they first appear, each one's events by time (file order for equal or no times). A
-    column of one of the model's event features must be numeric."""
+def from_log(rec: Recommender, frame: pl.DataFrame | RawDataset) -> Histories:
+    """A log as `seqrec.data.readers_table.read_table` gives it (or its `.interactions.frame`: columns user,
+    item, timestamp and event columns): users in the order they first appear, each one's events by time
+    (file order for equal or no times). A column of one of the model's event features must be numeric."""
+    if isinstance(frame, RawDataset):
+        frame = frame.interactions.frame
+    missing = [c for c in ("user", "item") if c not in frame.columns]
+    if missing:
+        raise SeqrecError(f"the log has no column(s) {', '.join(missing)} (it has {', '.join(frame.columns)}): "
+                          "read it with seqrec.data.readers_table.read_table, which names its columns")
+    if "timestamp" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("timestamp"))
     frame = frame.with_columns(pl.col("user").cast(pl.Utf8), pl.col("item").cast(pl.Utf8)).with_row_index("_row")
     first = frame.select("user").unique(maintain_order=True).with_row_index("_user")
     timed = bool(frame["timestamp"].is_not_null().any())

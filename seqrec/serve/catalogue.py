@@ -21,7 +21,7 @@ import torch
 
 from seqrec.errors import SeqrecError
 from seqrec.nn.rows import append_rows
-from seqrec.serve.ann import INDEX_KINDS, Retriever, build_retriever
+from seqrec.serve.ann import INDEX_KINDS, INDEX_OPTIONS, Retriever, build_retriever
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,10 @@ class Catalogue:
     def _build(self, kind: str, options: dict[str, object]) -> Retriever:
         if kind not in INDEX_KINDS:
             raise SeqrecError(f"unknown index {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
+        unknown = sorted(set(options) - set(INDEX_OPTIONS))
+        if unknown:
+            raise SeqrecError(f"unknown index option(s) {', '.join(unknown)}; the options are "
+                              f"{', '.join(INDEX_OPTIONS)}")
         retriever = build_retriever(kind, self.vectors, self.bias, **options)  # type: ignore[arg-type]
         if self.removed:
             retriever.remove(sorted(self.removed))
@@ -156,3 +160,16 @@ class Catalogue:
             if fresh:
                 self.retriever.remove(fresh)
                 self.removed.update(fresh)
+
+
+def item_ids(ids: Sequence[str], what: str) -> list[str]:
+    """`ids` as a list of raw item ids (strings, as the log wrote them). One string is refused (a str is a
+    sequence of its characters, which would be taken as one-character ids), as is an id of another type."""
+    if isinstance(ids, str):
+        raise SeqrecError(f"the {what} is a list of item ids, not one string: give [{ids!r}] for one item")
+    out = list(ids)
+    other = next((i for i in out if not isinstance(i, str)), None)
+    if other is not None:
+        raise SeqrecError(f"the {what} holds {other!r}, a {type(other).__name__}: item ids are strings, as the "
+                          f"log wrote them (give {str(other)!r})")
+    return out

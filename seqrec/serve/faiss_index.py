@@ -172,7 +172,8 @@ class FaissRetriever(Retriever):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """As Retriever.search. Rows left with fewer than k items (exclusions and tombstones beyond what
         was over-fetched, small IVF lists) are searched again with 4x wider parameters, up to all the
-        IVF lists or an HNSW candidate list as long as the catalogue."""
+        IVF lists or an HNSW candidate list as long as the catalogue; rows still short then (a k near the
+        catalogue's size, which an HNSW graph search may not reach) are scored over every item."""
         q = self._check_queries(queries, k, exclude).numpy()
         with self._lock.read():
             items, ix = self._items, self._index
@@ -188,6 +189,11 @@ class FaissRetriever(Retriever):
                 widen *= 4
                 sub = [exclude[i] for i in short] if exclude else None
                 scores[short], ids[short] = self._candidates(items, ix, q[short], k, sub, widen)
+            short = np.flatnonzero((ids > 0).sum(1) < need)
+            if len(short):
+                every = np.broadcast_to(np.arange(len(items.vectors)), (len(short), len(items.vectors)))
+                sub = [exclude[i] for i in short] if exclude else None
+                scores[short], ids[short] = self._scored(items, q[short], every, k, sub)
         return torch.from_numpy(scores), torch.from_numpy(ids)
 
     def _candidates(self, items: _Items, ix: _Index, q: np.ndarray, k: int, exclude: list[list[int]] | None,
@@ -202,6 +208,12 @@ class FaissRetriever(Retriever):
             ids = np.where(rows >= 0, ix.row_to_id[rows], 0)  # (Q, fetch); FAISS pads with row -1
         if ix.n_overflow:
             ids = np.concatenate([ids, np.broadcast_to(ix.overflow, (len(q), len(ix.overflow)))], axis=1)
+        return self._scored(items, q, ids, k, exclude)
+
+    @staticmethod
+    def _scored(items: _Items, q: np.ndarray, ids: np.ndarray, k: int, exclude: list[list[int]] | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The top k of the items `ids` (Q, n) by exact score, removed and excluded ones (and the padding) dropped."""
         scores = np.matmul(items.vectors.numpy()[ids], q[:, :, None])[:, :, 0] + items.bias.numpy()[ids]  # exact
         scores[items.removed.numpy()[ids]] = -np.inf  # also the padding, now id 0
         for r, drop in enumerate(exclude or []):

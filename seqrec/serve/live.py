@@ -50,8 +50,13 @@ class LiveCatalogue:
         Returns (added, replaced): the raw ids that were new and those whose text was replaced, as
         decided under the catalogue's lock (so two concurrent calls never both add one id)."""
         self._check_takes_text()
-        if not texts:
-            raise SeqrecError("no items given")
+        if not isinstance(texts, Mapping) or not texts:
+            raise SeqrecError("the items are given as a non-empty mapping of item id -> text, e.g. "
+                              "{'NEW1': 'Blue cordless drill'}")
+        pairs = [*texts.items(), *(titles or {}).items()]
+        odd = next(((raw, text) for raw, text in pairs if not (isinstance(raw, str) and isinstance(text, str))), None)
+        if odd is not None:
+            raise SeqrecError(f"item {odd[0]!r} -> {odd[1]!r}: item ids, texts and titles are strings")
         blank_ids = [raw for raw in texts if not raw.strip()]
         if blank_ids:
             raise SeqrecError(f"item id {blank_ids[0]!r}: an item id must not be blank")

@@ -36,11 +36,12 @@ from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.base import SequentialModel
 from seqrec.nn.history import window_scores
 from seqrec.serve.ann import Retriever
-from seqrec.serve.catalogue import Catalogue, UnknownItem
+from seqrec.serve.catalogue import Catalogue, UnknownItem, item_ids
 from seqrec.serve.catalogue_log import CatalogueLog
 from seqrec.serve.live import LiveCatalogue
 from seqrec.serve.onnx_engine import OnnxEncoder
 from seqrec.train.checkpoint import load_checkpoint
+from seqrec.train.device import pick_device
 
 log = logging.getLogger(__name__)
 NOTHING_LEFT = "no item is left to recommend after excluding the history"
@@ -90,7 +91,7 @@ class Recommender(LiveCatalogue):
         ckpt = path / "checkpoint" if (path / "checkpoint").is_dir() else path
         if not (ckpt / "model.json").is_file():
             raise not_a_run(path, "checkpoint/model.json")
-        model, meta = load_checkpoint(ckpt, device)
+        model, meta = load_checkpoint(ckpt, str(pick_device(device, "device")))
         rec = cls(model, pl.read_parquet(ckpt / "items.parquet"), int(meta["max_len"]), index, **index_options)
         rec.run = str(path.resolve())
         # model.json holds the config and every other file's sha256: its own digest names the checkpoint
@@ -175,7 +176,7 @@ class Recommender(LiveCatalogue):
 
     def to_indices(self, history: Sequence[str]) -> list[int]:
         """Raw item ids -> item indices; an unknown id is a `SeqrecError` naming it."""
-        return self.catalogue.lookup(id_sequence(history, "history"), " in history")
+        return self.catalogue.lookup(item_ids(history, "history"), " in history")
 
     def drop_unknown(self, history: Sequence[str], times: Sequence[float] | None = None,
                      events: Mapping[str, Sequence[float]] | None = None
@@ -306,7 +307,9 @@ class Recommender(LiveCatalogue):
         return scores if bias is None else scores + bias[ids]
 
     def check_k(self, k: int) -> None:
-        """A `SeqrecError` unless 1 <= k <= the number of items."""
+        """A `SeqrecError` unless k is a whole number, 1 <= k <= the number of items."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise SeqrecError(f"k must be a whole number, got {k!r}")
         if not 1 <= k <= self.catalogue.n_active:
             raise SeqrecError(f"k={k} must be between 1 and the number of recommendable items "
                               f"({self.catalogue.n_active})")
@@ -325,13 +328,17 @@ class Recommender(LiveCatalogue):
 
         `times` (seconds) and `events` (name -> one value per history item) feed event features."""
         self.check_k(k)
+        history = item_ids(history, "history")
         if not history:
             raise SeqrecError("the history is empty; give at least one item id")
         idx = self.to_indices(history)
+        if events:
+            self.check_event_names(list(events))
         ev = self.history_events(len(idx), times, events)
         if candidates is None:
             return self.recommend_indices([idx], [ev], [k], [exclude_seen])[0]
-        if not id_sequence(candidates, "candidates"):  # refused before any encoding
+        candidates = item_ids(candidates, "candidates")
+        if not candidates:  # refused before any encoding
             raise SeqrecError("the candidates are empty; give at least one item id (or none, to rank every item)")
         states, batch = self.encode([idx], [ev] if ev else None)
         return self._rank_candidates(states[0], batch.items, idx, self.catalogue.lookup(candidates, " in candidates"),
@@ -357,7 +364,8 @@ class Recommender(LiveCatalogue):
     @torch.no_grad()
     def recommend_indices(self, histories: Sequence[list[int]], events: Sequence[dict[str, np.ndarray]] | None,
                           ks: Sequence[int], exclude_seen: Sequence[bool]) -> list[list[Recommendation]]:
-        """The batched core of `recommend`: item-index histories (checked), their event values (or None),
+        """The batched core of `recommend`: item-index histories (from `to_indices`: not checked again), their
+        event values (or None),
         and per row its k and whether to exclude its history. One forward pass, one search."""
         states, batch = self.encode(histories, events if events and events[0] else None)
         recs = self.top_k(states, batch.items, ks, [h if ex else None for h, ex in zip(histories, exclude_seen,
@@ -385,15 +393,7 @@ class Recommender(LiveCatalogue):
     def similar(self, item: str, k: int = 10) -> list[Recommendation]:
         """The k items the model scores highest for a state equal to this item's vector (the item excluded)."""
         self.check_k(k)
-        (idx,) = self.catalogue.lookup([item])
+        (idx,) = self.catalogue.lookup(item_ids([item], "item"))
         query = self.catalogue.vectors[idx : idx + 1]
         values, ids = self.catalogue.retriever.search(query, k, exclude=[[idx]])
         return self._results(values[0].tolist(), ids[0].tolist())
-
-
-def id_sequence(ids: Sequence[str], what: str) -> Sequence[str]:
-    """`ids`, refused when it is one string: a str is a sequence of its characters, which would be taken
-    as one-character ids."""
-    if isinstance(ids, str):
-        raise SeqrecError(f"the {what} is a list of item ids, not one string: give [{ids!r}] for one item")
-    return ids

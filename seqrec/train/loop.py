@@ -18,8 +18,6 @@ import copy
 import dataclasses
 import json
 import logging
-import random
-import resource
 import shutil
 import time
 from collections.abc import Callable
@@ -27,54 +25,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from seqrec import __version__
 from seqrec.config import RunConfig
 from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import dataset_event_values
-from seqrec.data.io import write_json_atomic
+from seqrec.data.io import check_new_run_dir, write_json_atomic
 from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
 from seqrec.train.auto import apply_decisions, resolve_auto, resolve_auto_data, resolve_auto_train
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
-from seqrec.train.distributed import SINGLE, LossModule, ShardedBatches, World, init_world, loss_module
+from seqrec.train.device import peak_rss_mb, pick_device, seed_everything
+from seqrec.train.distributed import SINGLE, ShardedBatches, World, init_world, loss_module
 from seqrec.train.ema import WeightAverage
+from seqrec.train.epoch import train_epoch
 from seqrec.train.init_items import init_item_embeddings
 from seqrec.train.plots import learning_curve
-from seqrec.train.sparse import SparseRowsAdam, SparseRowsAdamW, clip_grad_norm, use_sparse_rows
+from seqrec.train.sparse import SparseRowsAdam, SparseRowsAdamW, use_sparse_rows
 from seqrec.train.state import LoopState, load_state, save_state, saved_origin
 from seqrec.train.transfer import Origin, interpolate_best, mix
 
 log = logging.getLogger(__name__)
-
-
-def pick_device(name: str, setting: str = "train.device") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SeqrecError(f"{setting}: {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-            raise SeqrecError(f"{setting} {name!r}: {why} (use cpu, or auto: CUDA where there is one)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise SeqrecError(f"{setting} {name!r}: there are {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -88,58 +62,21 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimi
     return kind(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=fused)
 
 
-@dataclasses.dataclass
-class EpochStats:
-    loss: float
-    seconds: float
-    targets_per_s: float
-
-
-def train_epoch(model: SequentialModel, batches: EpochBatches, opt: torch.optim.Optimizer,
-                cfg: RunConfig, device: torch.device, epoch: int, step: torch.nn.Module | None = None,
-                ema: WeightAverage | None = None) -> EpochStats:
-    """One pass over `batches`; `step(batch)` gives the loss (default `model.loss`; under torchrun, DDP);
-    `ema`, if given, follows every optimiser step."""
-    model.train()
-    step = step or LossModule(model)
-    # nothing in a step waits for the device: the loss is summed where it is computed and read once at
-    # the end, targets are counted on the host (on CUDA a per-step `.item()` would stall the queue)
-    total, n, seen, t0 = torch.zeros((), device=device), 0, 0, time.perf_counter()
-    shown = t0  # the progress bar's numbers are refreshed once a second: reading the loss waits for the device
-    # disable=None: bars on a terminal only (a log file gets the epoch lines, not the redrawn bars)
-    bar = tqdm(batches, desc=f"epoch {epoch}", disable=None if cfg.train.progress else True, leave=False)
-    for batch in bar:
-        if batch.targets is not None:
-            seen += int((batch.targets != 0).sum())
-        batch = batch.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
-            loss = step(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.train.clip_grad > 0:
-            clip_grad_norm(model.parameters(), cfg.train.clip_grad)
-        opt.step()
-        if ema is not None:
-            ema.update(model)
-        total, n = total + loss.detach().float(), n + 1
-        if cfg.train.progress and time.perf_counter() - shown > 1.0:
-            shown = time.perf_counter()
-            bar.set_postfix(loss=f"{total.item() / n:.4f}", targets_per_s=f"{seen / (shown - t0):.0f}")
-    mean_loss = total.item() / max(1, n)
-    seconds = time.perf_counter() - t0
-    return EpochStats(mean_loss, seconds, batches.n_targets / max(seconds, 1e-9))
-
-
 def selection_metric(ks: list[int]) -> str:
     return f"ndcg@{10 if 10 in ks else ks[0]}"
 
 
-def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
+def fit(cfg: RunConfig, data: PreparedDataset | str | Path, run_dir: str | Path,
         model: SequentialModel | None = None, init_items_from: Path | None = None,
         resume: bool = False, on_epoch: Callable[[int, float, float], None] | None = None,
         test: bool = True, origin: Origin | None = None) -> dict[str, Any]:
     """Train with early stopping on validation, test the best checkpoint once. A given `model` (one to
     fine-tune) is evaluated before training too: validation may choose it as it came (epoch 0).
+
+    `cfg` is left as given (the run's config.json holds the values its `auto` settings took), so one config
+    serves several runs; `data` is a prepared dataset or its folder; `run_dir` must not hold a run unless it
+    is resumed (remove it first to train it again). The process's torch thread count (`train.threads`) is
+    put back on return; the global random generators are seeded by `train.seed`.
 
     `on_epoch(epoch, validation metric, elapsed seconds)` is called after each validation (a tuner
     prunes by raising from it); `test=False` never evaluates on the test split (a tuner's trials).
@@ -149,6 +86,19 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     (`train.interpolate`) start from it; a resumed run builds its model from it again.
     `resume`: go on from the state the run folder's last finished epoch left (`seqrec.train.state`);
     the result is the one an uninterrupted run gives."""
+    threads = torch.get_num_threads()
+    data = data if isinstance(data, PreparedDataset) else PreparedDataset.load(Path(data))
+    if not resume:
+        check_new_run_dir(Path(run_dir))
+    try:
+        return _fit(copy.deepcopy(cfg), data, Path(run_dir), model, init_items_from, resume, on_epoch, test, origin)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path, model: SequentialModel | None,
+         init_items_from: Path | None, resume: bool, on_epoch: Callable[[int, float, float], None] | None,
+         test: bool, origin: Origin | None) -> dict[str, Any]:
     pick_device(cfg.train.device)  # a device that is not there is an error, under torchrun too
     world, rank_device = init_world(cfg.train.device)
     if not cfg.data.dataset:  # given as a dataset object (Python): the run records where it lies
@@ -219,9 +169,11 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
     for epoch in range(loop.epoch + 1, cfg.train.epochs + 1):
         if loop.stopped:
             break
-        stats = train_epoch(model, batches, opt, cfg, device, epoch, step, ema)
+        # one process ends an epoch at the budget (processes under torchrun step together: at its end)
+        deadline = start + cfg.train.time_budget_s if cfg.train.time_budget_s and world.size == 1 else None
+        stats = train_epoch(model, batches, opt, cfg, device, epoch, step, ema, deadline)
         row: dict[str, Any] = {"epoch": epoch, "loss": stats.loss, "train_s": stats.seconds,
-                               "targets_per_s": stats.targets_per_s}
+                               "targets_per_s": stats.targets_per_s, **({"cut_at_budget": True} if stats.cut else {})}
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
             valid = evaluate(scored, data, "valid", L, cfg.eval, device)
             row["valid"] = valid
@@ -245,8 +197,9 @@ def fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path,
         if loop.bad >= cfg.train.patience:
             log.info("early stop: no better %s for %d evaluations", metric, loop.bad)
             loop.stopped, loop.stopped_by = True, f"early stop: no better validation for {loop.bad} evaluations"
-        elif cfg.train.time_budget_s and row["elapsed_s"] > cfg.train.time_budget_s:
-            log.info("time budget of %.0f s reached", cfg.train.time_budget_s)
+        elif cfg.train.time_budget_s and (stats.cut or row["elapsed_s"] > cfg.train.time_budget_s):
+            log.info("time budget of %.0f s reached%s", cfg.train.time_budget_s,
+                     " inside the epoch: it ended there" if stats.cut else "")
             loop.stopped, loop.stopped_by = True, f"the time budget (train.time_budget_s = {cfg.train.time_budget_s:g})"
         loop.epoch, loop.elapsed_s = epoch, row["elapsed_s"]
         save_state(state_dir, loop, model, opt, batches, ema)

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 Setting = Literal["inductive", "transductive"]
 # tensors that belong to one catalogue
-PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight")
+PER_DOMAIN = ("text_emb", "text_mean", "item_emb.weight", "sampler.counts")  # the last: a sampled loss's popularity
 HISTORY = "history.theta"  # carried over when both models have a history bias
 # model settings that fix the shape or the meaning of pre-trained weights: the checkpoint decides them (the
 # adaptor learnt from the vectors of one encoder, pooling and length, centred or not)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Any, Literal
 
 from seqrec.config import resolve
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.io import write_json_atomic
+from seqrec.data.io import read_json, write_json_atomic
 from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -270,20 +271,21 @@ def _objective(base: dict[str, Any], data: PreparedDataset, space: Space, run_di
             if trial.should_prune():
                 raise optuna.TrialPruned()
 
-        cfg = None
+        trial_dir = run_dir / "trials" / str(trial.number)
         try:
             cfg = resolve(raw)
             trial.set_user_attr("config", raw)
-            results = fit(cfg, data, run_dir / "trials" / str(trial.number), on_epoch=report, test=False)
+            results = fit(cfg, data, trial_dir, on_epoch=report, test=False)
         except optuna.TrialPruned:
             raise
         except Exception as exc:  # the study goes on (Optuna logs the traceback); the reason is kept for its report
             trial.set_user_attr("error", _one_line(exc))
             raise
-        finally:  # what the machine decided for this trial (fit decides before its first epoch)
-            if cfg is not None:
-                trial.set_user_attr("decided", {k: _get(cfg, k) for k in MACHINE_DECIDED
-                                                if _get(cfg, k) is not None})
+        finally:  # what the machine decided for this trial (fit decides before its first epoch, into config.json)
+            if (trial_dir / "config.json").is_file():
+                decided = resolve(read_json(trial_dir / "config.json"), model_defaults=False)
+                trial.set_user_attr("decided", {k: _get(decided, k) for k in MACHINE_DECIDED
+                                                if _get(decided, k) is not None})
         return float(results["valid"]["ndcg@10"])
 
     return objective
@@ -344,6 +346,7 @@ def _final_run(study: Any, base: dict[str, Any], data: PreparedDataset, run_dir:
                                 if _get(base_cfg, k) == "auto" or k in LOSS_COMPANIONS})
     if "model.d" in best.params:
         best_raw = _with(best_raw, _fits({"model.d": best.params["model.d"]}, base))
+    shutil.rmtree(run_dir / "best", ignore_errors=True)  # a resumed study trains its final run again
     results = fit(resolve(best_raw), data, run_dir / "best")
     return {"path": str(run_dir / "best"), "config": best_raw, "valid": results["valid"], "test": results["test"]}
 
