@@ -321,12 +321,13 @@ def unisrec_sampled(d: dict[str, Any]) -> list[str]:
         s = d["speed"]
         lines += ["", f"Training speed ({s['setup']}; `{s['command']}`).", "",
                   *table(["catalogue", "items", "ce targets/s", "sampled targets/s", "sampled / ce"],
-                         [[name, f"{r['items']:,}", f"{r['targets_per_s']['ce']:.0f}",
+                         [[name.split(",")[0], f"{r['items']:,}", f"{r['targets_per_s']['ce']:.0f}",
                            f"{r['targets_per_s']['sampled_softmax']:.0f}", f"{r['speedup']:.1f} ×"]
                           for name, r in s["rows"].items()])]
     if "quality" in d:
         q = d["quality"]
-        lines += ["", f"Quality on {q['dataset']} ({q['config']}; {q['protocol']}; `{q['command']}`).", "",
+        lines += ["", f"Quality on {q['dataset']} ({q['config']}; {q['protocol']}; `{q['command']}`; the two runs "
+                  "side by side, so their seconds are not the speed measurement).", "",
                   *table(["loss", "valid N@10", "test R@10", "test N@10", "test R@50", "test N@50", "best epoch",
                           "train s", "stopped by"],
                          [[r["loss"], f4(r["valid_ndcg@10"]), *(f4(r["test"][m]) for m in METRICS),

@@ -70,7 +70,7 @@ def speed(steps: int, repeats: int) -> dict[str, Any]:
     catalogues: list[tuple[str, Any, torch.Tensor | None]] = [("amazon-games-2018", games, None)]
     for n_items in (100_000,):
         data = generated(n_items)
-        catalogues.append((f"generated, {n_items:,} items", data, torch.randn(data.n_items + 1, 384)))
+        catalogues.append((f"generated, {n_items:,} items asked", data, torch.randn(data.n_items + 1, 384)))
     for name, data, text in catalogues:
         times: dict[str, list[float]] = {loss: [] for loss in LOSSES}
         for r in range(repeats):

@@ -253,6 +253,18 @@ def with_model_train_defaults(model_cls: type, given: dict[str, Any]) -> dict[st
     return {**merged, **given}
 
 
+def saved_config(path: Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """A run's config.json, resolved as the run trained with it (`resolve(..., model_defaults=False)`)."""
+    from seqrec.data.io import read_json
+
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise SeqrecError(f"{path}: not a run config (expected a JSON object)")
+    if isinstance(raw.get("train"), dict):  # saved before the key existed: what that run trained with
+        raw["train"].setdefault("sparse_items", False)
+    return resolve(raw, overrides, model_defaults=False)
+
+
 def resolve(raw: dict[str, Any], overrides: Sequence[str] = (), model_defaults: bool = True) -> RunConfig:
     """Merge dotted overrides into a raw TOML dict and build the typed RunConfig. `model_defaults=False`
     for a run's saved config: a key it lacks (written before the key existed) takes the plain `[train]`

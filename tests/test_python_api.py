@@ -151,6 +151,8 @@ def test_a_dataframe_reads_as_its_file(tmp_path: Path) -> None:
         load_format("table", log.lazy(), **options)
     table = read_item_table(pl.DataFrame({"sku": [1, 2], "title": ["a", "b"]}), item_key="sku")
     assert table.frame["item"].to_list() == ["1", "2"]
+    categorical = log.with_columns(pl.col("user_id").cast(pl.Categorical), pl.col("item_id").cast(pl.Categorical))
+    assert load_format("table", categorical, **options).interactions.frame.equals(from_file)
 
 
 def test_pandas_frames_too() -> None:
@@ -181,7 +183,8 @@ def test_python_mistakes_are_named(two: dict[str, Path], tmp_path: Path) -> None
 
 
 def test_the_time_budget_ends_an_epoch_and_progress_is_logged(two: dict[str, Path], caplog: pytest.LogCaptureFixture,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """Past train.time_budget_s an epoch ends after its current step (a budget only checked between epochs
     let one long epoch run for as long as it took); without a terminal, progress comes as log lines."""
     from seqrec import progress
@@ -195,4 +198,7 @@ def test_the_time_budget_ends_an_epoch_and_progress_is_logged(two: dict[str, Pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["cut_at_budget"] is True
     assert "time budget" in results["stopped_by"]
+    # the chosen epoch was cut: a refit would train it whole (more than was validated, past the budget)
+    assert cfg.train.refit and not results["protocol"]["refit"] and "without the refit" in results["stopped_by"]
+    assert not (run / "checkpoint-selected").exists()
     assert "inside the epoch" in caplog.text and "epoch 1: 1 of " in caplog.text

@@ -148,3 +148,22 @@ def test_a_finished_run_without_its_results_file_evaluates_as_finished(tiny_data
     (run / "results.json").unlink()
     assert main(["evaluate", str(run)]) == 0
     assert capsys.readouterr().out == whole  # the same models (refit tested), no "unfinished" line
+
+
+def test_a_resumed_run_keeps_what_auto_decided(tiny_dataset: PreparedDataset, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """fit leaves the caller's config as it was ("auto" stays "auto"); resumed with it on a machine that now has
+    little free memory, the run goes on with the batch size its config.json recorded, not a new decision."""
+    from seqrec.train import auto
+
+    cfg = resolve({}, settings(tiny_dataset, "sasrec", ["train.refit=false"]))
+    assert cfg.train.batch_size == "auto"
+    with monkeypatch.context() as m:
+        interrupt_at(m, 2)
+        with pytest.raises(Interrupted):
+            loop.fit(cfg, tiny_dataset, tmp_path / "cut")
+    decided = json.loads((tmp_path / "cut" / "config.json").read_text())["train"]["batch_size"]
+    monkeypatch.setattr(auto, "free_memory", lambda device: 0)  # a new decision would be the smallest batch
+    resumed = loop.fit(cfg, tiny_dataset, tmp_path / "cut", resume=True)
+    assert json.loads((tmp_path / "cut" / "config.json").read_text())["train"]["batch_size"] == decided != 8
+    assert {d["key"]: d["value"] for d in resumed["auto"]}["train.batch_size"] == decided

@@ -241,7 +241,8 @@ def test_only_pretraining_encodes_the_word_dropped_view(tiny_dataset: PreparedDa
 
 
 def test_encoding_without_a_terminal_logs_its_progress(encoder_dir: Path, caplog: pytest.LogCaptureFixture,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """A log file gets lines (tests have no terminal, so the bar draws nothing); without progress, none."""
     from seqrec import progress
 

@@ -116,15 +116,9 @@ def zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
 
 def run_config(run: Path, overrides: Sequence[str] = ()) -> RunConfig:
     """The resolved config of a run folder, from its config.json (whose presence the caller checked)."""
-    from seqrec.config import resolve
-    from seqrec.data.io import read_json
+    from seqrec.config import saved_config
 
-    raw = read_json(run / "config.json")
-    if not isinstance(raw, dict):
-        raise SeqrecError(f"{run / 'config.json'}: not a run config (expected a JSON object)")
-    if isinstance(raw.get("train"), dict):  # saved before the key existed: what that run trained with
-        raw["train"].setdefault("sparse_items", False)
-    return resolve(raw, overrides, model_defaults=False)
+    return saved_config(run / "config.json", overrides)
 
 
 def print_metrics(results: dict[str, Any]) -> None:

@@ -37,6 +37,9 @@ def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
     dtype = values.dtype
     if table.kind == "jsonl" and dtype == pl.Utf8:
         _check_json_ids(values, table)
+    if isinstance(dtype, (pl.Categorical, pl.Enum)):  # a DataFrame's category column (pandas "category")
+        values = values.cast(pl.Utf8)
+        dtype = values.dtype
     if dtype.is_float():
         whole = values.is_null() | (values == values.floor())
         if whole.all():

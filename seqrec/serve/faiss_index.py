@@ -191,9 +191,8 @@ class FaissRetriever(Retriever):
                 scores[short], ids[short] = self._candidates(items, ix, q[short], k, sub, widen)
             short = np.flatnonzero((ids > 0).sum(1) < need)
             if len(short):
-                every = np.broadcast_to(np.arange(len(items.vectors)), (len(short), len(items.vectors)))
                 sub = [exclude[i] for i in short] if exclude else None
-                scores[short], ids[short] = self._scored(items, q[short], every, k, sub)
+                scores[short], ids[short] = self._scored(items, q[short], None, k, sub)
         return torch.from_numpy(scores), torch.from_numpy(ids)
 
     def _candidates(self, items: _Items, ix: _Index, q: np.ndarray, k: int, exclude: list[list[int]] | None,
@@ -211,10 +210,15 @@ class FaissRetriever(Retriever):
         return self._scored(items, q, ids, k, exclude)
 
     @staticmethod
-    def _scored(items: _Items, q: np.ndarray, ids: np.ndarray, k: int, exclude: list[list[int]] | None
+    def _scored(items: _Items, q: np.ndarray, ids: np.ndarray | None, k: int, exclude: list[list[int]] | None
                 ) -> tuple[np.ndarray, np.ndarray]:
-        """The top k of the items `ids` (Q, n) by exact score, removed and excluded ones (and the padding) dropped."""
-        scores = np.matmul(items.vectors.numpy()[ids], q[:, :, None])[:, :, 0] + items.bias.numpy()[ids]  # exact
+        """The top k of the items `ids` (Q, n), or of every item (None), by exact score, removed and excluded
+        ones (and the padding) dropped."""
+        if ids is None:  # one product, not a (Q, N, D) gather
+            scores = q @ items.vectors.numpy().T + items.bias.numpy()
+            ids = np.broadcast_to(np.arange(len(items.vectors)), scores.shape)
+        else:
+            scores = np.matmul(items.vectors.numpy()[ids], q[:, :, None])[:, :, 0] + items.bias.numpy()[ids]
         scores[items.removed.numpy()[ids]] = -np.inf  # also the padding, now id 0
         for r, drop in enumerate(exclude or []):
             if drop:

@@ -262,7 +262,7 @@ class Recommender(LiveCatalogue):
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`top_k` as (scores, item indices) per row, best first, without the objects; a row may hold fewer
         than k where fewer items are left."""
-        ks = [k] * len(states) if isinstance(k, int) else list(k)
+        ks = [k] * len(states) if isinstance(k, (int, np.integer)) else list(k)
         for kk in ks:
             self.check_k(kk)
         values, ids = self.top_k_padded(states, windows, max(ks), exclude)

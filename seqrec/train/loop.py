@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from seqrec import __version__
-from seqrec.config import RunConfig
+from seqrec.config import RunConfig, saved_config
 from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.features import dataset_event_values
@@ -75,8 +76,9 @@ def fit(cfg: RunConfig, data: PreparedDataset | str | Path, run_dir: str | Path,
 
     `cfg` is left as given (the run's config.json holds the values its `auto` settings took), so one config
     serves several runs; `data` is a prepared dataset or its folder; `run_dir` must not hold a run unless it
-    is resumed (remove it first to train it again). The process's torch thread count (`train.threads`) is
-    put back on return; the global random generators are seeded by `train.seed`.
+    is resumed (remove it first to train it again), and a resumed run goes on with its config.json. The
+    process's torch thread count (`train.threads`) is put back on return; the global random generators are
+    seeded by `train.seed`.
 
     `on_epoch(epoch, validation metric, elapsed seconds)` is called after each validation (a tuner
     prunes by raising from it); `test=False` never evaluates on the test split (a tuner's trials).
@@ -88,12 +90,16 @@ def fit(cfg: RunConfig, data: PreparedDataset | str | Path, run_dir: str | Path,
     the result is the one an uninterrupted run gives."""
     threads = torch.get_num_threads()
     data = data if isinstance(data, PreparedDataset) else PreparedDataset.load(Path(data))
+    run_dir = Path(run_dir)
     if not resume:
-        check_new_run_dir(Path(run_dir))
+        check_new_run_dir(run_dir)
+    elif (run_dir / "config.json").is_file():  # as it was decided: "auto" is not decided again (machine, load)
+        cfg = saved_config(run_dir / "config.json")
     try:
-        return _fit(copy.deepcopy(cfg), data, Path(run_dir), model, init_items_from, resume, on_epoch, test, origin)
+        return _fit(copy.deepcopy(cfg), data, run_dir, model, init_items_from, resume, on_epoch, test, origin)
     finally:
-        torch.set_num_threads(threads)
+        if threading.current_thread() is threading.main_thread():  # (a tuner's trials run in threads)
+            torch.set_num_threads(threads)
 
 
 def _fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path, model: SequentialModel | None,
@@ -208,6 +214,10 @@ def _fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path, model: Sequential
         loop.interpolation = interpolate_best(cfg, data, device, ckpt, start_weights, loop, metric)
         save_state(state_dir, loop, model, opt, batches, ema)  # a resume does not mix the mixed model again
     alpha = loop.interpolation["alpha"] if loop.interpolation else 1.0
+    if cfg.train.refit and any(r.get("cut_at_budget") and r["epoch"] == loop.best_epoch for r in loop.history):
+        cfg.train.refit = False  # a refit would train the chosen epoch whole: more than was validated, past the budget
+        loop.stopped_by = f"{loop.stopped_by}, inside the chosen epoch: tested as chosen, without the refit"
+        log.info("no refit: the chosen epoch was cut short by the time budget; the chosen model is tested")
     if cfg.train.refit:
         selected = run_dir / "checkpoint-selected"
         if resume and selected.is_dir():  # stopped after the rename: a checkpoint/ there is a refit's

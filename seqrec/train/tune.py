@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from seqrec.config import resolve
+from seqrec.config import resolve, saved_config
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.io import read_json, write_json_atomic
+from seqrec.data.io import write_json_atomic
 from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ def _objective(base: dict[str, Any], data: PreparedDataset, space: Space, run_di
             raise
         finally:  # what the machine decided for this trial (fit decides before its first epoch, into config.json)
             if (trial_dir / "config.json").is_file():
-                decided = resolve(read_json(trial_dir / "config.json"), model_defaults=False)
+                decided = saved_config(trial_dir / "config.json")
                 trial.set_user_attr("decided", {k: _get(decided, k) for k in MACHINE_DECIDED
                                                 if _get(decided, k) is not None})
         return float(results["valid"]["ndcg@10"])
