@@ -254,3 +254,13 @@ def test_encoding_without_a_terminal_logs_its_progress(encoder_dir: Path, caplog
         assert "encoded" not in caplog.text
         encoder.encode(texts, batch_size=2, progress=True)
     assert "of 40 texts, about" in caplog.text
+
+
+def test_the_encoder_runs_where_asked(encoder_dir: Path) -> None:
+    """device "auto": CUDA where there is one (the CPU here); a device that is not there is a one-line error."""
+    from seqrec.data.text import load_text_encoder
+
+    auto = load_text_encoder(TextOptions(encoder=str(encoder_dir), max_length=16))
+    assert str(auto.device) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(SeqrecError, match="text device: 'tpu' is not a device"):
+        load_text_encoder(TextOptions(encoder=str(encoder_dir), device="tpu"))

@@ -18,7 +18,8 @@ def cmd_text_encode(args: argparse.Namespace) -> int:
 
     options = TextOptions(encoder=args.encoder, revision=args.revision, pooling=args.pooling,
                           max_length=args.max_length, template=args.template, missing=args.missing,
-                          word_drop=args.word_drop, batch_size=args.batch_size, precision=args.precision)
+                          word_drop=args.word_drop, batch_size=args.batch_size, precision=args.precision,
+                          device=args.device)
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     result = text_embeddings(data, options, progress=not args.no_progress)
     meta = result.meta
@@ -162,6 +163,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     enc.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                      help="encoder arithmetic: auto = bfloat16 where the hardware has it (vectors within 1e-3 "
                           "cosine of float32's, about 1e-4 measured), else float32")
+    enc.add_argument("--device", default="auto", help="where the encoder runs: auto (CUDA where there is one), "
+                     "cpu, cuda, cuda:1, ...")
     enc.add_argument("--no-progress", action="store_true")
     enc.set_defaults(fn=cmd_text_encode)
     pt = sub.add_parser("pretrain", help="UniSRec multi-domain pre-training")

@@ -55,6 +55,7 @@ from seqrec.data.item_text import (
 )
 from seqrec.errors import SeqrecError
 from seqrec.progress import ProgressLog
+from seqrec.train.device import pick_device
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class TextOptions:
     batch_size: int = 64
     seed: int = 0
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # "auto": bf16 where the hardware has it
+    device: str = "auto"  # where the encoder runs ("auto": CUDA where there is one); not part of the cache key
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -103,10 +105,8 @@ class TextOptions:
             raise SeqrecError(f"text pooling must be mean or cls, got {self.pooling!r}")
         if self.missing not in ("auto", "error", "id", "mean"):
             raise SeqrecError(f"missing-text policy must be auto, error, id or mean, got {self.missing!r}")
-        if self.max_length < 1 or not 0 <= self.word_drop < 1:
-            raise SeqrecError("text max_length must be >= 1 and word_drop in [0, 1)")
-        if self.batch_size < 1:
-            raise SeqrecError(f"text batch_size must be >= 1, got {self.batch_size}")
+        if self.max_length < 1 or self.batch_size < 1 or not 0 <= self.word_drop < 1:
+            raise SeqrecError("text max_length and batch_size must be >= 1 and word_drop in [0, 1)")
 
 
 def default_encoder_path() -> Path:
@@ -371,7 +371,7 @@ def _matching_entry(folder: Path, key: dict) -> Path | None:
 
 def _default_factory(options: TextOptions) -> TextEncoder:
     return TextEncoder(options.encoder, options.pooling, options.max_length, options.revision,
-                       precision=options.precision)
+                       str(pick_device(options.device, "text device")), options.precision)
 
 
 def _encode(encoder: TextEncoder, texts: list[str], missing: np.ndarray, options: TextOptions,

@@ -10,6 +10,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,8 @@ class LiveCatalogue:
         if self._text_encoder is None and self.takes_text:
             from seqrec.data.text import load_text_encoder
 
-            self._text_encoder = load_text_encoder(self.model.config.text_options())  # type: ignore[union-attr,operator]
+            options = self.model.config.text_options()  # type: ignore[union-attr,operator]
+            self._text_encoder = load_text_encoder(replace(options, device=str(self.catalogue.vectors.device)))
         return self._text_encoder
 
     def encoder_key(self) -> str | None:
