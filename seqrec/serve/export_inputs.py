@@ -86,7 +86,11 @@ def text_section(model: SequentialModel, exporter: str) -> dict[str, Any]:
     return {
         "encoder": {"name": options.encoder, "revision": options.revision, "pooling": options.pooling,
                     "max_length": options.max_length, "template": options.template, "dim": text_dim,
-                    "precision": options.precision},
+                    "precision": options.precision,
+                    "text": "a new item's text goes to the encoder as given; the trained items' texts were "
+                            + (f"made by the template {options.template!r} from their fields" if options.template
+                               else "their dataset's text field (what `data prepare --text-template` built), "
+                                    "else their title, categories, brand and description joined by '. '")},
         "item_ids": bool(config.item_ids),  # transductive: trained items' rows hold an ID vector too
         "adaptor": {"file": "adaptor.onnx", "exporter": exporter,
                     "inputs": [{"name": "text", "dtype": "float32", "shape": ["n", text_dim],
