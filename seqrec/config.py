@@ -68,7 +68,7 @@ class TrainConfig:
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     eval_every: int = 1  # validate every this many epochs (patience counts validations)
     progress: bool = True  # progress bars, on a terminal (not when the output goes to a file or pipe)
-    time_budget_s: float = 0.0  # stop after this much training time; 0 = no limit
+    time_budget_s: float = 0.0  # stop after this much training time, inside an epoch if need be; 0 = no limit
     refit: bool = False  # after choosing the epoch count on validation, retrain on train + valid events and test that
     ema: float = 0.0  # decay of an average of the weights, updated every step, that is validated and tested; 0 = off
     # sparse gradients for the item tables, only touched rows updated (seqrec.train.sparse); "auto": with a sampled
