@@ -58,6 +58,7 @@ from seqrec.serve.export_inputs import (
     example_events,
     example_items,
     features_section,
+    interface,
     text_section,
 )
 from seqrec.train.checkpoint import file_digest, folder_digests, load_checkpoint
@@ -297,25 +298,6 @@ def write_items(model: SequentialModel, path: Path, item_inputs: torch.Tensor | 
             tensors["item_inputs"] = item_inputs.detach().float().contiguous().cpu()
     save_file(tensors, str(path))
     return {k: list(v.shape) for k, v in tensors.items()}
-
-
-def interface(wrapper: EncoderForExport, d: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(inputs, outputs) of encoder.onnx: name, dtype, shape (symbolic dims by letter)."""
-    inputs: list[dict[str, Any]] = [{"name": "items", "dtype": "int64", "shape": ["B", "L"],
-                                     "doc": f"item indices, left-padded with 0, 1 <= L <= {wrapper.max_len}"}]
-    if wrapper.takes_table:
-        inputs.append({"name": "item_inputs", "dtype": "float32", "shape": ["N", d],
-                       "doc": "every item's input vector (items.safetensors item_inputs, with the rows of items "
-                              "added since: see text)"})
-    for name, field in zip(event_inputs(wrapper.event_names), wrapper.event_names, strict=True):
-        inputs.append({"name": name, "dtype": "float32", "shape": ["B", "L"],
-                       "doc": f"event feature {field!r} of each position of items (see features), NaN = missing"})
-    outputs = [{"name": "state", "dtype": "float32", "shape": ["B", d],
-                "doc": "the state that predicts the next item"}]
-    if wrapper.model.history is not None:
-        outputs.append({"name": "history_offsets", "dtype": "float32", "shape": ["B", "L"],
-                        "doc": "added to the score of the item at the same position of items"})
-    return inputs, outputs
 
 
 def build_manifest(wrapper: EncoderForExport, meta: dict[str, Any], exporter: str, opset: int,

@@ -1,16 +1,20 @@
-"""What an exported encoder takes beside the item indices, and the manifest sections that say so
-(`seqrec.serve.export`): each event feature is an input of its own (`event_<name>`, (B, L) float32
-aligned with the items; NaN = missing, 0 at padding; item features travel inside the encoder), and a
-text model's table of item input vectors grows with items added by text through `adaptor.onnx`."""
+"""What an exported encoder takes beside the item indices, and the manifest sections that say so (its
+inputs and outputs, features, text; `seqrec.serve.export`): each event feature is an input of its own
+(`event_<name>`, (B, L) float32 aligned with the items; NaN = missing, 0 at padding; item features travel
+inside the encoder), and a text model's table of item input vectors grows with items added by text through
+`adaptor.onnx`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from seqrec.errors import SeqrecError
 from seqrec.models.base import SequentialModel
+
+if TYPE_CHECKING:
+    from seqrec.serve.export import EncoderForExport
 
 TEXT_ITEMS = (
     "A text model takes new items by text without retraining: encode each new item's text with the text "
@@ -77,6 +81,25 @@ def features_section(model: SequentialModel) -> dict[str, Any]:
             "event": [{"name": f.name, "input": event_inputs([f.name])[0], "kind": f.kind,
                        "value": EVENT_VALUES.get(f.name, f"the event's {f.name!r} value, as in the training log")}
                       for f in fields if f.level == "event"]}
+
+
+def interface(wrapper: EncoderForExport, d: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(inputs, outputs) of encoder.onnx: name, dtype, shape (symbolic dims by letter)."""
+    inputs: list[dict[str, Any]] = [{"name": "items", "dtype": "int64", "shape": ["B", "L"],
+                                     "doc": f"item indices, left-padded with 0, 1 <= L <= {wrapper.max_len}"}]
+    if wrapper.takes_table:
+        inputs.append({"name": "item_inputs", "dtype": "float32", "shape": ["N", d],
+                       "doc": "every item's input vector (items.safetensors item_inputs, with the rows of items "
+                              "added since: see text)"})
+    for name, field in zip(event_inputs(wrapper.event_names), wrapper.event_names, strict=True):
+        inputs.append({"name": name, "dtype": "float32", "shape": ["B", "L"],
+                       "doc": f"event feature {field!r} of each position of items (see features), NaN = missing"})
+    outputs = [{"name": "state", "dtype": "float32", "shape": ["B", d],
+                "doc": "the state that predicts the next item"}]
+    if wrapper.model.history is not None:
+        outputs.append({"name": "history_offsets", "dtype": "float32", "shape": ["B", "L"],
+                        "doc": "added to the score of the item at the same position of items"})
+    return inputs, outputs
 
 
 def text_section(model: SequentialModel, exporter: str) -> dict[str, Any]:

@@ -331,7 +331,7 @@ class Recommender(LiveCatalogue):
         history = item_ids(history, "history")
         if not history:
             raise SeqrecError("the history is empty; give at least one item id")
-        idx = self.to_indices(history)
+        idx = self.catalogue.lookup(history, " in history")  # (to_indices without checking the ids again)
         if events:
             self.check_event_names(list(events))
         ev = self.history_events(len(idx), times, events)
