@@ -6,12 +6,15 @@ Each case runs `seqrec.cli.main` in-process on tiny generated data: a prepared d
 `syn` (the UniSRec one with a tiny random BERT as its text encoder). "Nothing written" is checked on
 the whole module folder (datasets, runs, $SEQREC_HOME) and on the case's own folder, which is also the
 working directory (where `train` without `--out` would put runs/). In-process, log records go to
-pytest's log capture; a few cases also run as a real process (`python -m seqrec.cli`)."""
+pytest's log capture, where each case checks that none came before the error (a real process would
+print them on stderr above it; see LOADS_FIRST for the one exception); a few cases also run as a
+real process (`python -m seqrec.cli`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import shlex
@@ -178,6 +181,15 @@ DATA = [
     case("prepare-lcrec-not-a-table", "data prepare x --format lcrec --path {tmp}/x.inter.json --out {tmp}/out",
          "x.inter.json", text_file("x.inter.json", "[1, 2, 3]")),
     case("prepare-movielens-no-udata", "data prepare x --format movielens --path {tmp} --out {tmp}/out", "u.data"),
+    case("prepare-movielens-inf-timestamp", "data prepare x --format movielens --path {tmp}/ml --out {tmp}/out",
+         "u.data, line 2: timestamp value 'inf' is not a finite number",
+         text_file("ml/u.data", "1\t1\t5\t1\n1\t2\t4\tinf\n")),
+    case("prepare-recbole-nan-timestamp", "data prepare x --format recbole --path {tmp}/rb --out {tmp}/out",
+         "x.inter, line 3: timestamp value 'nan' is not a finite number",
+         text_file("rb/x.inter", "user_id:token\titem_id:token\ttimestamp:float\n1\t1\t1\n1\t2\tnan\n")),
+    case("prepare-recbole-inf-rating", "data prepare x --format recbole --path {tmp}/rb --out {tmp}/out",
+         "rating value '-inf' is not a finite number",
+         text_file("rb/x.inter", "user_id:token\titem_id:token\trating:float\n1\t1\t-inf\n")),
     case("prepare-unknown-dataset", "data prepare nope --out {tmp}/out", "'nope'"),
     case("prepare-known-no-source", "data prepare yelp-p5 --source {tmp}/nowhere --out {tmp}/out", "nowhere"),
     case("prepare-known-empty-source", "data prepare lastfm-s3rec --source {tmp}/src --out {tmp}/out",
@@ -213,6 +225,14 @@ DATA = [
     case("prepare-recbole-seq-no-files", "data prepare x --format recbole-seq --path {tmp} --out {tmp}/out",
          ".test.inter"),
     case("stats-unknown", "data stats nope", "'nope'"),
+    case("cold-split-unknown", "data cold-split nope --out {tmp}/cold", "'nope'"),
+    case("cold-split-fraction-out-of-range", "data cold-split {syn} --fraction 2 --out {tmp}/cold",
+         "--fraction must be between 0 and 1"),
+    case("cold-split-onto-itself", "data cold-split {syn} --out {syn}", "is the dataset itself"),
+    case("compare-not-a-run", "compare {tmp}", "no config.json"),
+    case("compare-unknown-metric", "compare {sasrec} --metrics 'test hitrate@10'", "hitrate@10"),
+    case("compare-damaged-results", "compare {sasrec} {tmp}/run", "damaged config.json or results.json",
+         run_copy(lambda ckpt: (ckpt.parent / "results.json").write_text("{"))),
     case("stats-corrupt-meta", "data stats {tmp}/ds", "meta.json",
          dataset_copy(lambda d: (d / "meta.json").write_text('{"name": '))),
     case("stats-old-format", "data stats {tmp}/ds", "incompatible format",
@@ -277,6 +297,7 @@ TRAINING = [
          "data.train_fraction_seed must be >= 0"),
     case("train-heads-do-not-divide-d", f"{TRAIN} --set model.d=10 --set model.n_heads=3", "n_heads"),
     case("train-zero-epochs", f"{TRAIN} --set train.epochs=0", "train.epochs"),
+    case("train-item2vec-neg-power", f"{TRAIN} --model item2vec --set model.neg_power=-3", "model.neg_power"),
     case("train-nan-lr", f"{TRAIN} --set train.lr=nan", "train.lr"),
     case("train-zero-max-len", f"{TRAIN} --set data.max_len=0", "data.max_len"),
     case("train-stride-above-max-len", f"{TRAIN} --set data.max_len=8 --set data.stride=9", "data.stride"),
@@ -478,17 +499,29 @@ TEXT = [
 ]
 
 
+# A service loads its run (the engine it picks, an export) before it replays a catalogue log against it:
+# those lines come before the error of a log that does not fit. Every other bad input is refused before
+# anything is logged, so a real process prints the error line alone.
+LOADS_FIRST = ("serve ",)
+
+
 @pytest.mark.parametrize(("argv", "needle", "prep"), DATA + TRAINING + RECOMMEND + SERVE + TEXT)
 def test_bad_input_is_one_line_and_writes_nothing(argv: str, needle: str, prep: Prep | None, world: Paths,
                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("SEQREC_HOME", str(world["home"]))
     monkeypatch.chdir(tmp_path)
     if prep is not None:
         prep(tmp_path, world)
     paths = {**world, "tmp": tmp_path}
     before = (snapshot(world["root"]), snapshot(tmp_path))
-    code = main(fill(argv, paths))  # an exception here is the traceback a user would have seen
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="seqrec"):
+        code = main(fill(argv, paths))  # an exception here is the traceback a user would have seen
+    said = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records if r.name.startswith("seqrec")]
+    if not argv.startswith(LOADS_FIRST):  # what a real process would print on stderr before its error line
+        assert not said, said
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     lines = err.strip().splitlines()

@@ -43,6 +43,15 @@ def dataset_ref(ref: str, found: Path) -> str:
     return ref if found == _home() / "prepared" / ref else str(found.resolve())
 
 
+def check_out_parent(out: Path) -> None:
+    """Refuse an output folder under a file before any work (it could only fail once the work is done)."""
+    for parent in Path(out).absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise SeqrecError(f"--out {out}: {parent} is a file, not a folder")
+            return
+
+
 @contextlib.contextmanager
 def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     """Around writing a new run into `out`: it must be absent or empty, or, with `overwrite`, hold a run, which
@@ -51,6 +60,7 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     its files with the old one's), as is any folder that is not a run. Checked by one process of a
     distributed run (the first rank writes the folder)."""
     aside = None
+    check_out_parent(out)
     if os.environ.get("RANK", "0") == "0" and out.exists():
         if not out.is_dir():
             raise SeqrecError(f"--out {out}: a file is there, not a run folder")

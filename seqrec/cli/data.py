@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seqrec.cli.common import _home, resolve_dataset
+from seqrec.cli.common import _home, check_out_parent, resolve_dataset
 from seqrec.errors import SeqrecError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from seqrec.data.types import RawDataset
 
 
@@ -56,14 +58,15 @@ def _format_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any]]:
+def _prepare_source(args: argparse.Namespace) -> tuple[Callable[[], RawDataset], dict[str, Any]]:
+    """What `prepare` reads, as a reader to call once every flag is checked, and the dataset's own prepare
+    defaults (a known dataset's)."""
     from seqrec.data.catalog import KNOWN_DATASETS, load_format, load_known
 
     if args.format:
         if not args.path:
             raise SeqrecError("--format needs --path")
-        raw = load_format(args.format, Path(args.path), **_format_options(args))
-        return raw, {}
+        return functools.partial(load_format, args.format, Path(args.path), **_format_options(args)), {}
     if args.name is None:
         raise SeqrecError(f"give a dataset name (known: {', '.join(sorted(KNOWN_DATASETS))}), or --format and --path "
                           "for your own log")
@@ -74,7 +77,15 @@ def _prepare_source(args: argparse.Namespace) -> tuple[RawDataset, dict[str, Any
     if not source.exists():
         hint = "run `seqrec data fetch ml-100k`" if args.name == "ml-100k" else "give --source DIR"
         raise SeqrecError(f"source folder {source} does not exist; {hint}")
-    return load_known(args.name, source), dict(KNOWN_DATASETS[args.name].prepare)
+    return functools.partial(load_known, args.name, source), dict(KNOWN_DATASETS[args.name].prepare)
+
+
+def _check_item_flags(args: argparse.Namespace) -> None:
+    if not args.items:
+        for flag, value in (("--item-key", args.item_key), ("--text-template", args.text_template),
+                            ("--items-sep", args.items_sep)):
+            if value is not None:
+                raise SeqrecError(f"{flag} needs --items TABLE")
 
 
 def _with_item_table(raw: RawDataset, args: argparse.Namespace) -> RawDataset:
@@ -82,10 +93,6 @@ def _with_item_table(raw: RawDataset, args: argparse.Namespace) -> RawDataset:
     from seqrec.data.item_table import join_item_table, read_item_table
 
     if not args.items:
-        for flag, value in (("--item-key", args.item_key), ("--text-template", args.text_template),
-                            ("--items-sep", args.items_sep)):
-            if value is not None:
-                raise SeqrecError(f"{flag} needs --items TABLE")
         return raw
     key = args.item_key or args.item_col or "item_id"
     table = read_item_table(Path(args.items), key, args.items_sep)
@@ -96,15 +103,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from seqrec.data.prepare import PrepareOptions, prepare
 
     t0 = time.perf_counter()
-    raw, defaults = _prepare_source(args)
-    raw = _with_item_table(raw, args)
+    read, defaults = _prepare_source(args)
     keys = ("dedupe", "kcore", "min_user_len", "split", "test_frac", "valid_frac")
     for key in keys:
         if getattr(args, key) is not None:
             defaults[key] = getattr(args, key)
-    options = PrepareOptions(**{k: v for k, v in defaults.items() if k in keys})
+    options = PrepareOptions(**{k: v for k, v in defaults.items() if k in keys})  # checked before any reading
+    _check_item_flags(args)
     name = args.name or Path(args.path).stem
     dest = Path(args.out) if args.out else _home() / "prepared" / name
+    check_out_parent(dest)
+    raw = _with_item_table(read(), args)
     before = _fingerprint(dest)
     data = prepare(raw, options, dest)  # named after its folder: `--out .../ml-100k-time` gives ml-100k-time
     name = data.meta["name"]
@@ -190,14 +199,8 @@ def auto_preview(data: Any) -> list[dict[str, Any]]:
     from seqrec.train.loop import pick_device
 
     cfg = resolve({"model": {"name": "sasrec"}})
-    quiet = logging.getLogger("seqrec.train.auto")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)  # printed here, not logged
-    try:
-        return (resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, pick_device("auto"))
-                + resolve_auto(cfg.model, data) + resolve_auto_data(cfg.data, data))
-    finally:
-        quiet.setLevel(level)
+    return (resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, pick_device("auto"))
+            + resolve_auto(cfg.model, data) + resolve_auto_data(cfg.data, data))
 
 
 def cmd_features(args: argparse.Namespace) -> int:

@@ -102,13 +102,14 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         raw[section] = {**raw.get(section, {}), **values}
     cfg = resolve(raw)
     data = PreparedDataset.load(resolve_dataset(args.dataset))
-    from seqrec.train.auto import resolve_auto
+    from seqrec.train.auto import log_decisions, resolve_auto
     from seqrec.train.transfer import has_history_bias
 
     if args.setting == "zero-shot" and getattr(cfg.model, "history_bias", None) == "auto":
         # no target event may decide anything: the pre-trained model's own offsets, if it learnt them
         cfg.model.history_bias = has_history_bias(pretrained)
-    resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction, cfg.data.train_fraction_seed))
+    decisions = resolve_auto(cfg.model, data.with_training_users(cfg.data.train_fraction,
+                                                                 cfg.data.train_fraction_seed))
     if args.setting == "zero-shot" and args.transfer != "all":
         raise SeqrecError("zero-shot uses every pre-trained weight: drop --transfer")
     unused = sorted({f"train.{k}" for k in raw.get("train", {}) if k != "device"})
@@ -116,6 +117,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         print(f"(note: zero-shot trains nothing: {', '.join(unused)} not used)")
     origin = Origin.of(pretrained, args.transfer)
     model = None if args.setting == "zero-shot" else origin.model(data, cfg.model, cfg.data.max_len, cfg.train.seed)
+    log_decisions(decisions)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
     cfg.data.dataset = str(data.path)

@@ -111,11 +111,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         names = {"valid": name, "test": name}
         print(f"(unfinished run: {progress.removeprefix('not finished: ')}; the metrics of the model validation "
               "chose so far)")
-    for split, name in names.items():
-        model, meta = load_checkpoint(run / name, device)
+    loaded = {name: load_checkpoint(run / name, device) for name in dict.fromkeys(names.values())}
+    for _, meta in loaded.values():  # every checkpoint checked before any work
         if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
             raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
                               f"but {data.path} has {data.fingerprint}")
+    for split, name in names.items():
+        model = loaded[name][0]
         results |= evaluate_split(model, data, split, cfg, device, args.cold)
         results["protocol"]["history_bias"] = model.history is not None
     print_metrics(results)

@@ -52,7 +52,7 @@ def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | N
     fields = [_as_text(frame[c]) for c in columns if c != item_key]
     renamed = [s.rename(f"{s.name}_field") if s.name == "item" else s for s in fields]
     out = pl.DataFrame([keys.rename("item"), *renamed])
-    log.info("read item table %s: %d items, fields %s", table.path, out.height, ", ".join(out.columns[1:]))
+    log.debug("read item table %s: %d items, fields %s", table.path, out.height, ", ".join(out.columns[1:]))
     return ItemTable(out, str(table.path))
 
 

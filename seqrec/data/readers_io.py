@@ -9,6 +9,7 @@ Python loop over the rows.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import polars as pl
 
 from seqrec.data.types import Interactions, ItemTable, RawDataset
 from seqrec.errors import SeqrecError
+
+log = logging.getLogger(__name__)
 
 INT_PATTERN = r"^-?\d+$"
 
@@ -91,13 +94,35 @@ def check_ints(frame: pl.DataFrame, column: str, path: Path, what: str) -> None:
 
 
 def to_float(frame: pl.DataFrame, column: str, path: Path) -> pl.Expr:
-    """`column` (Utf8) as Float64; raises at the first value that is not a number."""
+    """`column` (Utf8) as Float64; raises at the first value that is not a finite number (NaN and
+    infinity included: they cannot order events, nor weigh them)."""
     values = pl.col(column).str.strip_chars().cast(pl.Float64, strict=False)
     bad = frame.filter(values.is_null() & (pl.col(column).str.strip_chars() != ""))
     if bad.height:
         row = bad.row(0, named=True)
         raise line_error(path, row["lineno"], f"{column} value {row[column]!r} is not a number")
+    infinite = frame.filter(values.is_not_null() & ~values.is_finite())
+    if infinite.height:
+        row = infinite.row(0, named=True)
+        raise line_error(path, row["lineno"], f"{column} value {row[column]!r} is not a finite number")
     return values.alias(column)
+
+
+# Finite times are kept as they are: they order each user's events, whatever their unit. Only the
+# time features (gap, hour of day) read them as seconds, so values outside the plausible range of
+# epoch seconds are accepted with a warning that names the file and the range seen.
+PLAUSIBLE_SECONDS = (0.0, 1e11)  # 1970 .. about year 5100; milliseconds since 1970 are above it
+
+
+def check_time_range(seconds: pl.Series, path: Path, column: str) -> None:
+    """Warn when a log's times lie outside epoch seconds (`PLAUSIBLE_SECONDS`); they are kept as given."""
+    lo, hi = seconds.min(), seconds.max()
+    if lo is None or hi is None:
+        return
+    if float(lo) < PLAUSIBLE_SECONDS[0] or float(hi) > PLAUSIBLE_SECONDS[1]:  # type: ignore[arg-type]
+        log.warning("%s: time %r runs from %g to %g, outside epoch seconds (%g..%g); events are ordered by it "
+                    "as given, but time features (gap, hour) would read it as seconds", path, column, lo, hi,
+                    *PLAUSIBLE_SECONDS)
 
 
 def read_json(path: Path) -> Any:

@@ -19,6 +19,7 @@ import polars as pl
 
 from seqrec.data.readers_io import (
     check_ints,
+    check_time_range,
     line_error,
     make_dataset,
     read_lines,
@@ -55,9 +56,11 @@ def _read_ratings(path: Path) -> pl.DataFrame:
     fields = fields.with_columns(pl.col("user", "item").str.strip_chars())
     for col in ("user", "item"):
         check_ints(fields, col, path, f"{col} id")
-    return fields.select(
+    frame = fields.select(
         "user", "item", to_float(fields, "timestamp", path), to_float(fields, "rating", path)
     )
+    check_time_range(frame["timestamp"], path, "timestamp")
+    return frame
 
 
 def _read_movies(path: Path, genres: list[str]) -> pl.DataFrame:
@@ -93,5 +96,5 @@ def read_movielens(folder: Path, name: str = "ml-100k") -> RawDataset:
     frame = _read_ratings(data_path)
     item_path = folder / "u.item"
     items = _read_movies(item_path, _genres(folder)) if item_path.is_file() else None
-    log.info("read %s: %d interactions", data_path, frame.height)
+    log.debug("read %s: %d interactions", data_path, frame.height)
     return make_dataset(frame, items, name, data_path)

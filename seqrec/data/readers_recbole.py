@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from seqrec.data.readers_io import make_dataset, read_lines, split_fields, to_float
+from seqrec.data.readers_io import check_time_range, make_dataset, read_lines, split_fields, to_float
 from seqrec.data.types import RawDataset
 from seqrec.errors import SeqrecError
 
@@ -118,11 +118,13 @@ def read_recbole(dir_or_prefix: Path, name: str | None = None, user_col: str | N
         log.warning("%s: field(s) %s left out: the fields read take their names", inter_path, ", ".join(clash))
         body, types = body.drop(clash), {f: t for f, t in types.items() if f not in clash}
     frame = body.select(_typed(body, types, inter_path)).rename(rename)
+    if time_field is not None:
+        check_time_range(frame["timestamp"], inter_path, time_field)
     items = None
     item_path = prefix.with_name(prefix.name + ".item")
     if item_path.is_file():
         items = _read_items(item_path, item_col or "item_id")
-    log.info("read %s: %d interactions", inter_path, frame.height)
+    log.debug("read %s: %d interactions", inter_path, frame.height)
     return make_dataset(frame, items, prefix.name, inter_path)
 
 
@@ -227,5 +229,5 @@ def read_recbole_sequential(dir_or_prefix: Path, name: str | None = None) -> Raw
                  test, at_max, rows.height, longest)
     frame = rows.select("user", pl.concat_list("history", pl.col("target")).alias("item")).explode("item")
     items = _read_items(item_path) if item_path is not None else None
-    log.info("read %s: %d users, %d interactions", test, rows.height, frame.height)
+    log.debug("read %s: %d users, %d interactions", test, rows.height, frame.height)
     return make_dataset(frame, items, test.name[: -len(".test.inter")], test)

@@ -52,7 +52,7 @@ def read_s3rec(txt_path: Path, name: str | None = None) -> RawDataset:
     frame = lines.select(
         tokens.list.first().alias("user"), tokens.list.slice(1).alias("item")
     ).explode("item")
-    log.info("read %s: %d users, %d interactions", path, lines.height, frame.height)
+    log.debug("read %s: %d users, %d interactions", path, lines.height, frame.height)
     return make_dataset(frame, None, name or path.stem, path)
 
 
@@ -135,7 +135,7 @@ def read_lcrec(
             items = map_ids(items, "item", id_map, Path(item2id), Path(str(item_json)).name)
     if user2id is not None:
         frame = map_ids(frame, "user", read_id_map(Path(user2id)), Path(user2id), path.name)
-    log.info("read %s: %d interactions", path, frame.height)
+    log.debug("read %s: %d interactions", path, frame.height)
     stem = path.name.removesuffix(".json").removesuffix(".inter")
     return make_dataset(frame, items, name or stem, path)
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from seqrec.data.readers_io import line_error, make_dataset, require_file
+from seqrec.data.readers_io import check_time_range, line_error, make_dataset, require_file
 from seqrec.data.readers_values import check_numbers, id_strings, json_kind, warn_null_like
 from seqrec.data.types import RawDataset
 from seqrec.errors import SeqrecError
@@ -267,22 +267,6 @@ def _numbers_or_iso(text: pl.Series, values: pl.Series, table: TableFile) -> pl.
     return both
 
 
-# Finite times are kept as they are: they order each user's events, whatever their unit. Only the
-# time features (gap, hour of day) read them as seconds, so values outside the plausible range of
-# epoch seconds are accepted with a warning that names the file and the range seen.
-PLAUSIBLE_SECONDS = (0.0, 1e11)  # 1970 .. about year 5100; milliseconds since 1970 are above it
-
-
-def check_time_range(seconds: pl.Series, path: Path, column: str) -> None:
-    lo, hi = seconds.min(), seconds.max()
-    if lo is None or hi is None:
-        return
-    if float(lo) < PLAUSIBLE_SECONDS[0] or float(hi) > PLAUSIBLE_SECONDS[1]:  # type: ignore[arg-type]
-        log.warning("%s: time %r runs from %g to %g, outside epoch seconds (%g..%g); events are ordered by it "
-                    "as given, but time features (gap, hour) would read it as seconds", path, column, lo, hi,
-                    *PLAUSIBLE_SECONDS)
-
-
 def read_table(
     path: Path | str | pl.DataFrame,
     user_col: str,
@@ -326,7 +310,7 @@ def read_table(
     for col in extra:
         check_numbers(raw[col], col, table)
     frame = pl.DataFrame(columns).with_columns(raw.select(extra))
-    log.info("read %s: %d interactions", path, frame.height)
+    log.debug("read %s: %d interactions", path, frame.height)
     return make_dataset(frame, None, name or path.stem, path)
 
 

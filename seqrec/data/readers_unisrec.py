@@ -206,5 +206,5 @@ def read_unisrec(dir_or_prefix: Path, name: str | None = None) -> RawDataset:
     if items is not None and item_map_path is None:
         log.warning("%s: no item2index file; text keys are matched to the raw ints", text_path)
     frame = seq.select("user", "item", "split")
-    log.info("read %s: %d users, %d interactions", where, frame["user"].n_unique(), frame.height)
+    log.debug("read %s: %d users, %d interactions", where, frame["user"].n_unique(), frame.height)
     return make_dataset(frame, items, prefix.name, prefix.parent / where)

@@ -125,6 +125,8 @@ class Item2VecConfig:
             raise SeqrecError("model.window and model.n_negatives must be >= 1, model.shared_negatives >= 0")
         if not 0 < self.recency <= 1 or self.subsample < 0:
             raise SeqrecError("model.recency must be in (0, 1] and model.subsample >= 0")
+        if not 0 <= self.neg_power <= 1:  # 0: negatives drawn uniformly, 1: as often as items occur
+            raise SeqrecError(f"model.neg_power must be in [0, 1] (word2vec's 0.75), got {self.neg_power}")
 
 
 class Item2Vec(SequentialModel):

@@ -30,9 +30,10 @@
 
 `resolve_auto` (model settings), `resolve_auto_data` (data settings) and `resolve_auto_train` (the
 loss and the batch size, which depend on the machine as well) replace each "auto" by its
-decision before the model is built, log it with its reason and return the decisions, which the run
-records in results.json under `auto`; the saved config holds the decided value, so the run is
-reproducible without the data.
+decision before the model is built and return the decisions (`log_decisions` logs them with their
+reasons: `fit` does once the run's inputs proved usable, so a refused run prints only its error),
+which the run records in results.json under `auto`; the saved config holds the decided value, so the
+run is reproducible without the data.
 """
 
 from __future__ import annotations
@@ -79,8 +80,6 @@ def resolve_auto_data(data_cfg: Any, data: PreparedDataset) -> list[dict[str, An
         decisions.append({"key": "data.jitter", "value": data_cfg.jitter,
                           "reason": "windows overlap: boundaries redrawn each epoch" if data_cfg.jitter
                           else "consecutive windows: nothing to redraw"})
-    for d in decisions:
-        log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
     return decisions
 
 
@@ -96,8 +95,6 @@ def resolve_auto(model_cfg: Any, data: PreparedDataset, built: Any = None) -> li
                               "reason": f"the given model was built {'with' if has else 'without'} it"})
         else:
             decisions.append(_history_bias(model_cfg, data))
-    for d in decisions:
-        log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
     return decisions
 
 
@@ -125,8 +122,6 @@ def resolve_auto_train(model_cfg: Any, train_cfg: Any, max_len: int, data: Prepa
         decisions.append(_batch_size(model_cfg, train_cfg, max_len, data, device))
     if getattr(train_cfg, "sparse_items", None) == "auto":
         decisions.append(_sparse_items(model_cfg, train_cfg, data, built))
-    for d in decisions:
-        log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
     return decisions
 
 
@@ -148,6 +143,11 @@ def _sparse_items(model_cfg: Any, train_cfg: Any, data: PreparedDataset, built: 
                                "touches a few thousand rows, so only those get a gradient and an update")
     train_cfg.sparse_items = value
     return {"key": "train.sparse_items", "value": value, "reason": reason}
+
+
+def log_decisions(decisions: list[dict[str, Any]]) -> None:
+    for d in decisions:
+        log.info("auto: %s = %s (%s)", d["key"], d["value"], d["reason"])
 
 
 def apply_decisions(cfg: Any, decisions: list[dict[str, Any]]) -> None:

@@ -37,7 +37,7 @@ from seqrec.errors import SeqrecError
 from seqrec.eval.evaluate import evaluate, protocol
 from seqrec.models.base import EpochBatches, SequentialModel
 from seqrec.registry import build_model_for
-from seqrec.train.auto import apply_decisions, resolve_auto, resolve_auto_data, resolve_auto_train
+from seqrec.train.auto import apply_decisions, log_decisions, resolve_auto, resolve_auto_data, resolve_auto_train
 from seqrec.train.checkpoint import load_checkpoint, save_checkpoint
 from seqrec.train.device import peak_rss_mb, pick_device, seed_everything
 from seqrec.train.distributed import SINGLE, ShardedBatches, World, init_world, loss_module
@@ -134,6 +134,7 @@ def _fit(cfg: RunConfig, data: PreparedDataset, run_dir: Path, model: Sequential
     start_weights = origin.weights(model) if model is not None and origin is not None and cfg.train.interpolate else {}
     model, opt, batches, step = setup(cfg, data, device, model, init_items_from, world)
     if world.main:  # only once the inputs have proved usable: a refused run leaves no folder behind
+        log_decisions(decisions)  # and prints nothing before its error
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_dir / "config.json", cfg.to_dict())
     ema = weight_average(model, cfg)
@@ -280,7 +281,7 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     seed_everything(cfg.train.seed)
     L = cfg.data.max_len
     if "auto" in (cfg.train.batch_size, cfg.train.sparse_items, getattr(cfg.model, "loss", None)):  # outside `fit`
-        resolve_auto_train(cfg.model, cfg.train, L, data, device, model)
+        log_decisions(resolve_auto_train(cfg.model, cfg.train, L, data, device, model))
     model = (model or build_model_for(cfg.model, data, L, cfg.features)).to(device)
     if cfg.train.sparse_items is True:
         if world.distributed:
@@ -300,7 +301,7 @@ def setup(cfg: RunConfig, data: PreparedDataset, device: torch.device, model: Se
     if batches is None:  # every target, with the event features the model takes
         events = dataset_event_values(data, model.event_feature_names())
         if cfg.data.stride == "auto" or cfg.data.jitter == "auto":  # set up outside `fit`: decide here
-            resolve_auto_data(cfg.data, data)
+            log_decisions(resolve_auto_data(cfg.data, data))
         assert cfg.data.stride != "auto" and cfg.data.jitter != "auto"
         batches = TrainBatches(data, L, batch_size, cfg.train.seed, cfg.data.stride, events,
                                jitter=cfg.data.jitter)
