@@ -33,6 +33,9 @@ def serve_load(d: dict[str, Any]) -> list[str]:
             lines.append(f"| {index} | {c} | {r['requests']:,} | {r['failed']} | {r['requests_per_s']:.0f} | "
                          f"{r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} |")
     met = [index for index, rows in rec.items() if _serve_goal_met(rows.get("8"))]
+    at = d.get("measured_at", {}).get("recommend")
+    lines += ["", (f"Measured at commit {at['commit']} on {at.get('cpu_model', 'this machine')}, {at['date']}."
+                   if at else RECOMMEND_MEASURED)]
     lines += ["", f"Goal at concurrency 8: p50 < {SERVE_GOAL['p50_ms']:g} ms, p99 < {SERVE_GOAL['p99_ms']:g} ms and "
               f"at least {SERVE_GOAL['requests_per_s']:g} requests/s: "
               + (f"met by {'; '.join(f'“{i}”' for i in met)}" if met else "not met by any row")
@@ -78,7 +81,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
 def _when(d: dict[str, Any], part: str) -> str:
     """Where a part of serve_load.json was measured apart from the others: its commit and day."""
     at = d.get("measured_at", {}).get(part)
-    return "" if at is None else (f" Measured at commit {at['commit']} on {at['date']}, apart from the tables above "
+    on = f" on {at['cpu_model']}" if at and at.get("cpu_model") else ""
+    return "" if at is None else (f" Measured at commit {at['commit']}{on} on {at['date']}, apart from the tables above "
                                   "(this machine's speed varies by day: compare these rows with each other).")
 
 
@@ -167,6 +171,11 @@ def _start(d: dict[str, Any]) -> list[str]:
             f"({med['export'] / med['kept']:.1f} × faster)."]
 
 
+# where the /recommend rows of serve_load.json were measured, from the file's history (they were written
+# before serve_load.py dated its parts): `git log -- benchmarks/results/serve_load.json`, commit f71f3e8
+RECOMMEND_MEASURED = ("Measured at commit 311a490 on the 2-core Intel Xeon (AMX) of that day, 2026-11-26 (the "
+                      "file's history: written before serve_load.py dated its parts); the same rows at a later "
+                      "commit on another machine are under \u201cThe HTTP stack alone\u201d below.")
 FLOOR_FILE = "serve_load_floor.json"  # serve_load.py --parts recommend floor --out benchmarks/results/<this>
 
 
@@ -187,7 +196,10 @@ def _floor() -> list[str]:
             f"requests/s, p50 {floor['p50_ms']:.2f} ms; the fastest /recommend at {best['requests_per_s']:.0f} "
             f"requests/s: the HTTP stack takes {best['requests_per_s'] / floor['requests_per_s']:.0%} of a "
             "/recommend's time on the server core, the model and the search the rest.")
-    return [*lines, "", said]
+    met = [index for index, r in d["recommend"].items() if _serve_goal_met(r.get("8"))]
+    goal = (f"The goal at concurrency 8 in this run: met by {'; '.join(met)}." if met else
+            "The goal at concurrency 8 in this run: not met by any row.")
+    return [*lines, "", said, "", goal]
 
 
 def _live_before_after() -> list[str]:
@@ -198,8 +210,8 @@ def _live_before_after() -> list[str]:
     slower = ""
     if rerun:
         r = rerun["recommend"]["ivf, onnx engine"]["8"]
-        slower = (f" (the code that measured the /recommend table above, commit {rerun['machine']['commit']}, run "
-                  f"again that day: ivf with the onnx engine at concurrency 8, {r['requests_per_s']:.0f} requests/s, "
+        slower = (f" (the /recommend measurement of the table above, run again that day at commit "
+                  f"{rerun['machine']['commit']}: ivf with the onnx engine at concurrency 8, {r['requests_per_s']:.0f} requests/s, "
                   f"p50 {r['p50_ms']:.1f} ms; file `results/{RECOMMEND_RERUN}`)")
     lines = ["", "Adding items without copying the tables: the live-catalogue measurement above at the commit "
              "before the change and at the change, run one after the other on one day. This machine served "

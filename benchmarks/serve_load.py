@@ -484,8 +484,8 @@ def main() -> None:
         results["sessions"] = bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200),
                                              3 if args.tiny else 20)
     measured = results.setdefault("measured_at", {})  # parts run apart ran on different days: say which
-    measured.update({part: {"commit": results["machine"]["commit"], "date": time.strftime("%Y-%m-%d")}
-                     for part in args.parts})
+    measured.update({part: {"commit": results["machine"]["commit"], "date": time.strftime("%Y-%m-%d"),
+                            "cpu_model": results["machine"]["cpu_model"]} for part in args.parts})
     write_result(out, results)
     print(f"-> {out}")
 

@@ -324,9 +324,13 @@ def test_items_from_python_are_id_to_text_mappings(runs: dict[str, Path]) -> Non
 
 
 def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
+    """Adding needs text; removing does not, so an ID model takes DELETE (docs/design.md says why)."""
     client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
     got = client.post("/items", json={"items": [{"id": "x", "text": "a new thing"}]})
     assert got.status_code == 400 and "text model" in got.json()["error"]
+    assert client.delete("/items/i4").json()["recommendable"] is False
+    top = client.post("/recommend", json={"history": ["i3"], "k": 29}).json()["items"]
+    assert len(top) == 29 and "i4" not in {r["item"] for r in top}
 
 
 @pytest.mark.parametrize(("method", "url", "body", "status", "message"), [
