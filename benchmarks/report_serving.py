@@ -82,7 +82,8 @@ def _when(d: dict[str, Any], part: str) -> str:
     """Where a part of serve_load.json was measured apart from the others: its commit and day."""
     at = d.get("measured_at", {}).get(part)
     on = f" on {at['cpu_model']}" if at and at.get("cpu_model") else ""
-    return "" if at is None else (f" Measured at commit {at['commit']}{on} on {at['date']}, apart from the tables above "
+    return "" if at is None else (f" Measured at commit {at['commit']}{on} on {at['date']}, apart from the tables "
+                                  "above "
                                   "(this machine's speed varies by day: compare these rows with each other).")
 
 
@@ -211,7 +212,8 @@ def _live_before_after() -> list[str]:
     if rerun:
         r = rerun["recommend"]["ivf, onnx engine"]["8"]
         slower = (f" (the /recommend measurement of the table above, run again that day at commit "
-                  f"{rerun['machine']['commit']}: ivf with the onnx engine at concurrency 8, {r['requests_per_s']:.0f} requests/s, "
+                  f"{rerun['machine']['commit']}: ivf with the onnx engine at concurrency 8, "
+                  f"{r['requests_per_s']:.0f} requests/s, "
                   f"p50 {r['p50_ms']:.1f} ms; file `results/{RECOMMEND_RERUN}`)")
     lines = ["", "Adding items without copying the tables: the live-catalogue measurement above at the commit "
              "before the change and at the change, run one after the other on one day. This machine served "
