@@ -12,6 +12,7 @@ matmul in the same precision measured in the same run. The cache is not touched.
 Writes benchmarks/results/text_encoding.json.
 
     python benchmarks/text_encode.py amazon-scientific-unisrec yelp-p5 --threads 1 2
+    python benchmarks/text_encode.py tiny --tiny --out /tmp/t.json   # seconds; what the test suite runs
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def replaced_batching(encoder: TextEncoder, texts: list[str], batch_size: int = 
     return out
 
 
-def measure(name: str, threads: list[int], repeats: int, limit: int) -> dict[str, Any]:
-    data = prepared(name)
-    texts = [t for t in item_texts(data.item_table) if t][:limit]
+def measure(name: str, threads: list[int], repeats: int, limit: int, peak_n: int = 4096,
+            texts: list[str] | None = None) -> dict[str, Any]:
+    """The measurement on dataset `name`'s item texts (or on `texts`, when given)."""
+    if texts is None:
+        texts = [t for t in item_texts(prepared(name).item_table) if t][:limit]
     encoders = {"fp32": TextEncoder(resolve_encoder("default"), precision="fp32")}
     if native_bf16("cpu"):
         encoders["bf16"] = TextEncoder(resolve_encoder("default"), precision="bf16")
@@ -88,7 +91,7 @@ def measure(name: str, threads: list[int], repeats: int, limit: int) -> dict[str
         paths[REPLACED] = lambda: replaced_batching(encoders["bf16"], texts)
     for n in threads:
         torch.set_num_threads(n)
-        by_dtype = {d: matmul_gflops(n, dtype=d) for d in {torch.float32 if p == "fp32" else torch.bfloat16
+        by_dtype = {d: matmul_gflops(n, n=peak_n, dtype=d) for d in {torch.float32 if p == "fp32" else torch.bfloat16
                                                            for p in paths}}
         peaks = {p: by_dtype[torch.float32 if p == "fp32" else torch.bfloat16] for p in paths}
         seconds: dict[str, list[float]] = {p: [] for p in paths}
@@ -118,11 +121,19 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=5000, help="at most this many texts per dataset")
     p.add_argument("--out", default=str(RESULTS / "text_encoding.json"))
     p.add_argument("--note", default="", help="what else the machine ran meanwhile, kept with the results")
+    p.add_argument("--tiny", action="store_true", help="60 generated texts, 1 thread, 1 repeat (seconds; the "
+                   "test suite runs it): the datasets given name the rows only")
     args = p.parse_args()
     out = Path(args.out)
     table = json.loads(out.read_text()) if out.exists() else {}
     for name in args.datasets:
-        table[name] = {**measure(name, args.threads, args.repeats, args.limit), "machine": machine(), "note": args.note,
+        if args.tiny:
+            texts = [f"{c} cordless drill {i}, {n} pack. Acme tools." for i, (c, n) in
+                     enumerate((c, n) for c in ("red", "blue", "green") for n in range(20))]
+            row = measure(name, [1], 1, len(texts), peak_n=256, texts=texts)
+        else:
+            row = measure(name, args.threads, args.repeats, args.limit)
+        table[name] = {**row, "machine": machine(), "note": args.note,
                        "command": " ".join(["python", "benchmarks/text_encode.py", *sys.argv[1:]])}
     write_result(out, table)
 

