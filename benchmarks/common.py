@@ -75,6 +75,12 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "commit": commit, **gpu}
 
 
+def median_run(d: dict[str, Any]) -> dict[str, Any]:
+    """The run of the median time among `d["runs"]`, whole: its rate and fraction of the peak belong to
+    that time (medians taken field by field mix runs); with an even count, the faster of the two middle."""
+    return sorted(d["runs"], key=lambda r: r["seconds"])[(len(d["runs"]) - 1) // 2]
+
+
 def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
     """Median GFLOP/s of an n x n matrix product in `dtype` on `threads` threads: the peak that
     compute-bound work is measured against, in the same run."""

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, matmul_gflops, write_result
+from common import RESULTS, machine, matmul_gflops, median_run, write_result
 
 
 def one(users: int, items: int, d: int, threads: int, peak_n: int) -> dict[str, float]:
@@ -71,9 +71,7 @@ def main() -> None:
                "--d", str(args.d), "--threads", str(args.threads), "--peak-n", str(args.peak_n)]
         runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
         print(json.dumps(runs[-1]), flush=True)
-    # the run of the median time, whole: its rate and fraction of the peak belong to that time (medians taken
-    # field by field mixed runs; with an even count, the faster of the two middle runs)
-    middle = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+    middle = median_run({"runs": runs})
     med = {k: middle[k] for k in ("seconds", "peak_rss_mb", "rss_before_mb", "gflops", "matmul_peak_gflops",
                                   "fraction_of_peak")}
     result = {"users": args.users, "items": args.items, "d": args.d, "threads": args.threads,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT
+from common import RESULTS, ROOT, median_run
 from common import load_result as load
 from report_cost import cuda, ddp_scaling, eval_cost, scale, text_encoding, train_throughput
 from report_peers import item2vec_gensim, speed, zoo_vs_recbole
@@ -163,9 +163,10 @@ def headline(link: str = "docs/results.md") -> list[str]:
         rows += _transfer_rows(json.loads(path.read_text()))
     cost = load("eval_cost.json")
     if cost:
-        m = cost["median"]
+        m = median_run(cost)
         rows.append([f"full ranking, {cost['users']:,} users × {cost['items']:,} items", "synthetic",
-                     f"{cost['threads']} threads", f"{m['seconds']:.1f} s, {m['fraction_of_peak']:.2f} of matmul peak",
+                     f"{cost['threads']} threads, {cost['machine'].get('cpu_model') or 'CPU'}",
+                     f"{m['seconds']:.1f} s, {m['fraction_of_peak']:.2f} of matmul peak",
                      f"dense scores: {cost['naive_matrix_gb']:.0f} GB"])
     throughput = load("train_throughput.json")
     for r in (throughput or {}).get("rows", []):

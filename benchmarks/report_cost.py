@@ -5,22 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import RESULTS
+from common import RESULTS, median_run
 from common import load_result as load
 from tables import DASH, f4, header, num, section, table
 
+EVAL_COST_OTHER = "eval_cost_epyc.json"  # the same benchmark on the other machine: --out results/<this>
+
 
 def eval_cost(d: dict[str, Any]) -> list[str]:
-    m = d["median"]
+    files = [("eval_cost.json", d)] + ([(EVAL_COST_OTHER, other)] if (other := load(EVAL_COST_OTHER)) else [])
+    rows = []
+    for name, f in files:
+        m = median_run(f)
+        rows.append(f"| {f['machine'].get('cpu_model') or f['machine']['cpu']} | {f['machine']['commit']} | "
+                    f"{m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | "
+                    f"{m['fraction_of_peak']:.2f} | {m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} | `{name}` |")
     return ["## Evaluation cost: full ranking, blocked", "",
             f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
-            f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). Medians of {len(d['runs'])} runs, "
-            "each in a fresh process that also measures the matmul peak (a 4096² float32 product on the same "
-            "threads). Script: `benchmarks/eval_cost.py`; file: `results/eval_cost.json`.", "",
-            *header(["wall s", "GFLOP/s", "matmul peak GFLOP/s", "fraction of peak", "peak RSS MB",
-                     "RSS before ranking MB"]),
-            f"| {m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | {m['fraction_of_peak']:.2f} | "
-            f"{m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} |"]
+            f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). The median of {len(d['runs'])} runs "
+            "(that run's own numbers), each in a fresh process that also measures the matmul peak (a 4096² float32 "
+            "product on the same threads); one row per machine it ran on. Script: `benchmarks/eval_cost.py`.", "",
+            *header(["CPU", "commit", "wall s", "GFLOP/s", "matmul peak GFLOP/s", "fraction of peak", "peak RSS MB",
+                     "RSS before ranking MB", "file"]), *rows]
 
 
 ITEM_GRADIENTS = {True: "sparse", False: "dense", None: "dense (before sparse_items)"}
@@ -212,8 +218,8 @@ def cuda(d: dict[str, Any]) -> list[str]:
                     [[f"{rk['users']:,} × {rk['items']:,}, D {rk['d']}, GPU", num(rk["seconds_median"], 2),
                       num(rk["tflops"], 1), num(rk["fraction_of_fp32_peak"], 2), num(rk.get("peak_gpu_memory_mb"))],
                      *([[f"same, CPU {cpu_eval['threads']} threads (`eval_cost.py`)",
-                         num(cpu_eval["median"]["seconds"], 1), num(cpu_eval["median"]["gflops"] / 1e3, 2),
-                         num(cpu_eval["median"]["fraction_of_peak"], 2), num(cpu_eval["median"]["peak_rss_mb"])]]
+                         num(median_run(cpu_eval)["seconds"], 1), num(median_run(cpu_eval)["gflops"] / 1e3, 2),
+                         num(median_run(cpu_eval)["fraction_of_peak"], 2), num(median_run(cpu_eval)["peak_rss_mb"])]]
                        if cpu_eval else [])]), "",
              "Training with the shipped recipes (`seqrec train ... --set train.device=cuda`); test metrics "
              "of the validation-picked epoch. The CPU rows stop at the recipe's time budget, and ran while "
