@@ -64,6 +64,12 @@ def defaults(d: dict[str, Any]) -> list[str]:
              *header(["dataset", "model", "device", "training defaults", "default valid / test N@10",
                       "previous default", "epochs", "time cap s", "stopped by the cap", "auto decisions",
                       "best row test N@10", "best row", "ratio", "goal met"])]
+    ran = {(r["dataset"], r["model"]) for r in d["rows"]}
+    no_text = sorted({r["dataset"] for r in d["rows"]} - {ds for ds, m in ran if m == "unisrec"})
+    if no_text:  # a text model needs item text; these datasets have none (or only numeric tag ids)
+        lines[2] += (" No UniSRec row on " + ", ".join(f"`{n}`" for n in no_text) + ": their items have no text "
+                     "(../shared/data/README.md), and UniSRec refuses a catalogue without it. A row without a best "
+                     "row (–) is a dataset and model that no other benchmark ran: nothing to compare with.")
     for r in d["rows"]:
         run, best = r["default"], r.get("best")
         if "test" not in run:
