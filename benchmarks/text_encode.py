@@ -128,8 +128,7 @@ def main() -> None:
     table = json.loads(out.read_text()) if out.exists() else {}
     for name in args.datasets:
         if args.tiny:
-            texts = [f"{c} cordless drill {i}, {n} pack. Acme tools." for i, (c, n) in
-                     enumerate((c, n) for c in ("red", "blue", "green") for n in range(20))]
+            texts = [f"{c} cordless drill, {n} pack. Acme tools." for c in ("red", "blue", "green") for n in range(20)]
             row = measure(name, [1], 1, len(texts), peak_n=256, texts=texts)
         else:
             row = measure(name, args.threads, args.repeats, args.limit)
