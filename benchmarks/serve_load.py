@@ -27,6 +27,9 @@ loopback by a bounded load generator (benchmarks/loadgen.py: a fixed number of r
     start       seconds from starting `seqrec serve` (SASRec, onnx engine) until it answers /health, with
                 no exported graph kept (a new $SEQREC_HOME each start) and with the graph the first start
                 kept, 3 starts each, alternating
+    fast_path   POST /recommend at concurrency 8 (ivf index, onnx engine) answered beneath FastAPI
+                (seqrec.serve.fast_route) and by FastAPI's routing (`--no-fast-path`), 5 services each,
+                alternating: requests/s, latency and the server's CPU per request
     floor       GET /health (no model, no search: the HTTP stack alone) at concurrency 1, 8 and 32 on the
                 service of the "ivf, onnx engine" row: what no model or index could go below on this machine
     sessions    time per session event with the KV cache against re-encoding the history, at
@@ -60,7 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, ROOT, SHARED_DATA, WORK, machine, write_result
+from benchmarks.common import RESULTS, ROOT, SHARED_DATA, WORK, machine, median_run, write_result
 from benchmarks.loadgen import call, read_response, request_bytes, run_load
 from seqrec.models.sasrec import SASRec, SASRecConfig
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
@@ -116,7 +119,7 @@ class Server:
 
     def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact", engine: str = "torch",
                  workers: int = 1, catalogue_log: Path | None = None, ready_timeout: int | None = None,
-                 home: Path | None = None) -> None:
+                 home: Path | None = None, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
         env.update({"SEQREC_HOME": str(home)} if home else {})
@@ -126,6 +129,7 @@ class Server:
                "--threads", str(threads), "--index", index, "--engine", engine, "--workers", str(workers)]
         cmd += ["--catalogue-log", str(catalogue_log)] if catalogue_log else []
         cmd += ["--ready-timeout", str(ready_timeout)] if ready_timeout else []
+        cmd += list(extra)
         started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         deadline = time.time() + 300
@@ -154,7 +158,9 @@ ROWS = (("exact", "exact", "torch"), ("ivf", "ivf", "torch"), ("ivf, onnx engine
 LIVE_ROWS = (("live", "exact", "torch"), ("live_ivf_onnx", "ivf", "onnx"))
 # deletion rows: (results key, --index)
 DELETE_ROWS = (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf"))
-PARTS = ("recommend", "floor", "start", "live", "workers", "deletes", "shared_sessions", "sessions")
+# fast-path rows: (label, extra `seqrec serve` arguments)
+FAST_ROWS = (("fast path", ()), ("FastAPI routing", ("--no-fast-path",)))
+PARTS = ("recommend", "fast_path", "floor", "start", "live", "workers", "deletes", "shared_sessions", "sessions")
 
 
 def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
@@ -183,6 +189,38 @@ def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index:
         return out
     finally:
         server.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_fast_path(run: Path, n_items: int, n_requests: int, cap: float, repeats: int) -> dict[str, Any]:
+    """POST /recommend at concurrency 8 (ivf index, onnx engine) answered by the fast path and by FastAPI's
+    routing (`--no-fast-path`), a new service each time, alternating: requests/s, latency, and the server's
+    CPU per request."""
+    bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
+    out: dict[str, Any] = {label: {"runs": []} for label, _ in FAST_ROWS}
+    for _ in range(repeats):
+        for label, extra in FAST_ROWS:
+            server = Server(run, WORK / "serve" / "fast-path.log", index="ivf", engine="onnx", extra=extra)
+            try:
+                asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
+                before = cpu_seconds(server.proc.pid)
+                r = asyncio.run(run_load("127.0.0.1", server.port, bodies, 8, n_requests, cap)).summary()
+                r["server_cpu_ms_per_request"] = (cpu_seconds(server.proc.pid) - before) / max(r["requests"], 1) * 1e3
+            finally:
+                server.stop()
+            out[label]["runs"].append(r)
+            print(f"/recommend (ivf, onnx, {label}) concurrency 8: {r}", flush=True)
+    for label, _ in FAST_ROWS:
+        out[label]["median"] = median_run(out[label])
+    fast, framework = (out[label]["median"] for label, _ in FAST_ROWS)
+    out["throughput_ratio"] = fast["requests_per_s"] / framework["requests_per_s"]
+    out["cpu_ratio"] = fast["server_cpu_ms_per_request"] / framework["server_cpu_ms_per_request"]
+    return out
 
 
 def bench_start(run: Path, starts: int) -> dict[str, Any]:
@@ -459,6 +497,9 @@ def main() -> None:
         build_sasrec(sasrec_run, n_items, 50)
         results["recommend"] = {name: bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine)
                                 for name, index, engine in ROWS}
+    if "fast_path" in args.parts:
+        build_sasrec(sasrec_run, n_items, 50)
+        results["fast_path"] = bench_fast_path(sasrec_run, n_items, n_requests, cap, 1 if args.tiny else 5)
     if "floor" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         results["floor"] = bench_recommend(sasrec_run, n_items, n_requests, cap, "ivf", "onnx", health=True)

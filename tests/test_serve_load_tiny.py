@@ -24,6 +24,11 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     assert set(result["recommend"]) == {"exact", "ivf", "ivf, onnx engine"}
     for rows in result["recommend"].values():
         assert set(rows) == {"1", "8", "32"} and all(r["failed"] == 0 and r["ok"] > 0 for r in rows.values())
+    fast = result["fast_path"]  # the same service with and without the fast path, each its server's CPU counted
+    for label in ("fast path", "FastAPI routing"):
+        r = fast[label]["median"]
+        assert r["failed"] == 0 and r["statuses"] == {"200": r["ok"]} and r["server_cpu_ms_per_request"] > 0
+    assert fast["cpu_ratio"] > 0 and fast["throughput_ratio"] > 0
     assert set(result["floor"]) == {"1", "8", "32"}  # GET /health: the HTTP stack alone
     assert all(r["failed"] == 0 and r["ok"] > 0 and r["statuses"] == {"200": r["ok"]} for r in result["floor"].values())
     start = result["start"]  # a start that exports the ONNX graph, and one that loads the graph kept

@@ -54,7 +54,7 @@ def build_app(options: dict) -> object:
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
                       session_store=options.get("session_store"), metrics_folder=options.get("metrics_folder"),
                       catalogue_writable=one or bool(options.get("catalogue_log")),
-                      max_queue=options.get("max_queue", MAX_QUEUE))
+                      max_queue=options.get("max_queue", MAX_QUEUE), fast_path=options.get("fast_path", True))
 
 
 def app_from_env() -> object:
@@ -110,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
-               "engine": args.engine, "max_queue": args.max_queue,
+               "engine": args.engine, "max_queue": args.max_queue, "fast_path": not args.no_fast_path,
                "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None,
                "session_store": str(Path(args.session_store).resolve()) if args.session_store else None}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
@@ -247,6 +247,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-queue", type=int, default=1024,
                    help="/recommend requests and session events that may wait for the model; more are answered "
                         "503 (Retry-After) (default 1,024)")
+    s.add_argument("--no-fast-path", action="store_true",
+                   help="answer POST /recommend through FastAPI's routing like every other route (the same answers, "
+                        "more CPU per request; for comparison)")
     s.set_defaults(fn=cmd_serve)
     c = sub.add_parser("compact-log", help="rewrite a catalogue log (serve --catalogue-log) as the fewest lines "
                                            "that replay to the same catalogue, services keeping it or not")

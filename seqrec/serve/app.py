@@ -32,6 +32,7 @@ from seqrec.errors import SeqrecError
 from seqrec.serve.batcher import MAX_QUEUE, Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLogBroken, CatalogueLogCarried
+from seqrec.serve.fast_route import FastRoute
 from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
 from seqrec.serve.schemas import (
@@ -113,12 +114,14 @@ def _framework_message(request: Request, exc: HTTPException) -> str | None:
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
                session_ttl_s: float = 1800.0, limits: Limits | None = None, session_store: str | None = None,
                catalogue_writable: bool = True, max_queue: int = MAX_QUEUE,
-               metrics_folder: str | None = None) -> FastAPI:
+               metrics_folder: str | None = None, fast_path: bool = True) -> FastAPI:
     """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
     answered 503 with Retry-After. `session_store`: the sessions' database file, which the worker
     processes serving one port share (None: in this process's memory). `catalogue_writable` is off when
     they share no catalogue log (each would hold its own catalogue). `metrics_folder`: where those
-    workers pool their request counts, so that /metrics is the service's (None: this process's)."""
+    workers pool their request counts, so that /metrics is the service's (None: this process's).
+    `fast_path`: POST /recommend answered beneath the framework (`seqrec.serve.fast_route`; off: by
+    FastAPI's routing alone, which answers the same)."""
     # /docs from the Swagger UI files packaged with fastapi-offline: FastAPI's own page loads them from a CDN,
     # which a service on a network without internet access cannot reach (a blank page)
     app = FastAPIOffline(title="seqrec", version=_version(),
@@ -139,7 +142,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     app.router.on_shutdown.append(metrics.close)
     app.router.on_shutdown.append(batcher.close)
     app.router.on_shutdown.append(rec.close_log)
-    app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits())
+    fast: dict[tuple[str, str], FastRoute] = {}
+    app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits(), fast=fast)
 
     @app.exception_handler(UnknownItem)
     async def unknown(_: Request, exc: UnknownItem) -> JSONResponse:
@@ -186,9 +190,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _error(exc.status_code, _framework_message(request, exc) or str(exc.detail))
 
-    @app.post("/recommend", response_model=RecommendResponse)
-    async def recommend(req: RecommendRequest) -> Response:
-        """Top-k items for one history of raw item ids (most recent last)."""
+    async def recommend_one(req: RecommendRequest) -> Response:  # the route's work, framework or fast path
         rec.check_k(req.k)
         rec.check_event_names(list(req.events or {}))
         history, times, given, skipped = req.history, req.times, req.events, list[str]()
@@ -207,6 +209,14 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
             return _recommendations(await batcher.run(rec.recommend, history, req.k, req.exclude_seen,
                                                       candidates, times, given), skipped)
         return _recommendations(await batcher.recommend(idx, events, req.k, req.exclude_seen), skipped)
+
+    @app.post("/recommend", response_model=RecommendResponse)
+    async def recommend(req: RecommendRequest) -> Response:
+        """Top-k items for one history of raw item ids (most recent last)."""
+        return await recommend_one(req)
+
+    if fast_path:
+        fast["POST", "/recommend"] = FastRoute(RecommendRequest, recommend_one, app.exception_handlers)
 
     @app.post("/recommend/batch", response_model=BatchResponse)
     async def recommend_batch(req: BatchRequest) -> BatchResponse:

@@ -326,8 +326,12 @@ def _number(x: float) -> str:
 
 
 class RequestMiddleware:
-    def __init__(self, app: Any, metrics: Metrics, limits: Limits) -> None:
-        self.app, self.metrics, self.limits = app, metrics, limits
+    """`fast`: routes answered here, beneath the framework, by (method, path) (`seqrec.serve.fast_route`);
+    each gets the framework's app to hand on what it does not answer itself."""
+
+    def __init__(self, app: Any, metrics: Metrics, limits: Limits,
+                 fast: dict[tuple[str, str], Any] | None = None) -> None:
+        self.app, self.metrics, self.limits, self.fast = app, metrics, limits, fast or {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -358,7 +362,11 @@ class RequestMiddleware:
                     raise BodyTooLarge(limit)
                 return dict(message)
 
-            await self.app(scope, counted, send_status)
+            route = self.fast.get((scope["method"], scope["path"]))
+            if route is not None:
+                await route(scope, counted, send_status, self.app)
+            else:
+                await self.app(scope, counted, send_status)
         except BodyTooLarge:
             await _reject(send_status, 413, f"request body over {limit} bytes")
         finally:
