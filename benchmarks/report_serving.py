@@ -177,6 +177,7 @@ def _start(d: dict[str, Any]) -> list[str]:
 RECOMMEND_MEASURED = ("Measured at commit 311a490 on the 2-core Intel Xeon (AMX) of that day, 2026-11-26 (the "
                       "file's history: written before serve_load.py dated its parts); the same rows at a later "
                       "commit on another machine are under \u201cThe HTTP stack alone\u201d below.")
+FAST_PATH_FILE = "serve_load_fast_path.json"
 FLOOR_FILE = "serve_load_floor.json"  # serve_load.py --parts recommend floor --out benchmarks/results/<this>
 
 
@@ -200,7 +201,33 @@ def _floor() -> list[str]:
     met = [index for index, r in d["recommend"].items() if _serve_goal_met(r.get("8"))]
     goal = (f"The goal at concurrency 8 in this run: met by {'; '.join(met)}." if met else
             "The goal at concurrency 8 in this run: not met by any row.")
-    return [*lines, "", said, "", goal]
+    return [*lines, "", said, "", goal, *_fast_path()]
+
+
+def _fast_path() -> list[str]:
+    """POST /recommend answered beneath FastAPI (seqrec.serve.fast_route) against FastAPI's routing."""
+    d = load_result(FAST_PATH_FILE)
+    if not d or "fast_path" not in d:
+        return []
+    fp = d["fast_path"]
+    labels = [k for k, v in fp.items() if isinstance(v, dict)]
+    n = len(fp[labels[0]]["runs"])
+    lines = ["", "The fast path: POST /recommend answered beneath FastAPI's routing (`seqrec.serve.fast_route`, the "
+             "default) and by FastAPI's routing (`seqrec serve --no-fast-path`), the same answers; ivf index, onnx "
+             f"engine, concurrency 8, a new service for each of {n} runs per row, alternating, in one run on "
+             f"{d['machine'].get('cpu_model', 'this machine')} (commit {d['machine']['commit']}; "
+             f"`serve_load.py --parts fast_path --out results/{FAST_PATH_FILE}`). Each row is its median run; the "
+             "server's CPU is its process's user and system time over the run, both threads.", "",
+             *header(["POST /recommend answered by", "requests/s", "p50 ms", "p99 ms", "server CPU ms per request",
+                      "requests/s, every run", "failed"])]
+    for label in labels:
+        r = fp[label]["median"]
+        every = ", ".join(f"{x['requests_per_s']:.0f}" for x in fp[label]["runs"])
+        failed = sum(x["failed"] for x in fp[label]["runs"])
+        lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{r['server_cpu_ms_per_request']:.2f} | {every} | {failed} |")
+    return [*lines, "", f"The fast path's throughput is {fp['throughput_ratio']:.2f}× FastAPI routing's, at "
+            f"{fp['cpu_ratio']:.2f}× its CPU per request (medians)."]
 
 
 def _live_before_after() -> list[str]:
