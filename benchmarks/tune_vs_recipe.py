@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, WORK, fresh_run, machine, prepared, write_result
 
-from seqrec.train.tune import MIN_TRIALS
+from seqrec.train.tune import MIN_TRIALS, SPACES
 
 
 def recipe_row(dataset: str, history_bias: bool) -> dict:
@@ -83,9 +83,12 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="*", default=[],
                    help="train the tuned settings and the recipe + history bias again at these seeds too "
                         "(with --report-only: add them to the results file)")
+    p.add_argument("--study", default="", metavar="NAME",
+                   help="a study of its own (another search space, say): folder tune-<dataset>..._NAME, results "
+                        "file tune_<dataset>..._NAME.json")
     args = p.parse_args()
     data = prepared(args.dataset)
-    suffix = "" if args.base == "recipe" else "_from-defaults"
+    suffix = ("" if args.base == "recipe" else "_from-defaults") + (f"_{args.study}" if args.study else "")
     out = WORK / "runs" / f"tune-{args.dataset}{suffix}"
     result = RESULTS / f"tune_{args.dataset}{suffix}.json"
     config = ROOT / "benchmarks" / "configs" / f"sasrec-{args.dataset}.toml"
@@ -105,14 +108,17 @@ def main() -> None:
     if args.seeds:
         more = seed_runs(args.dataset, report["best_run"]["config"], recipe_bias["config"], args.seeds, args.jobs)
         seeds = {who: {**seeds.get(who, {}), **rows} for who, rows in more.items()}
+        named = f"--study {args.study} " if args.study else ""
         seeds["command"] = (f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --base {args.base} "
-                            f"--report-only --jobs {args.jobs} --seeds {' '.join(map(str, args.seeds))}")
+                            f"{named}--report-only --jobs {args.jobs} --seeds {' '.join(map(str, args.seeds))}")
     study = {
-        "dataset": args.dataset, "machine": machine(), "budget_s": args.budget, "base": args.base,
+        "dataset": args.dataset, "machine": machine(), "study": args.study,
+        "space": sorted(SPACES["sasrec"]()), "budget_s": args.budget, "base": args.base,
         "wall_s": time.perf_counter() - t0, "threads_per_trial": args.threads, "jobs": args.jobs,
         "min_trials": args.min_trials,  # each trial capped at budget x jobs / min_trials
         "command": f"python benchmarks/tune_vs_recipe.py --dataset {args.dataset} --base {args.base} "
-                   f"--budget {args.budget:g} --threads {args.threads} --jobs {args.jobs} "
+                   + (f"--study {args.study} " if args.study else "")
+                   + f"--budget {args.budget:g} --threads {args.threads} --jobs {args.jobs} "
                    f"--min-trials {args.min_trials}" + "".join(f" --set {o}" for o in args.set)}
     if args.report_only:  # the study as it ran, not as these arguments describe it
         study.update({k: before[k] for k in study if k in before})

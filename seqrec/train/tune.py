@@ -78,8 +78,13 @@ def _transformer_space() -> Space:
         "train.lr": Param("float", low=1e-4, high=3e-3, log=True),
         "train.weight_decay": Param("float", low=1e-6, high=0.3, log=True),
         "model.history_bias": Param("categorical", (False, True)),
+        "model.norm_first": Param("categorical", (False, True)),
+        "train.ema": EMA,
     }
 
+
+# weight averaging (train.ema, 0 = off): the hand-made SASRec recipes that validated best average their weights
+EMA = Param("categorical", (0.0, 0.99, 0.997, 0.999))
 
 SPACES: dict[str, Callable[[], Space]] = {
     "sasrec": _transformer_space,
@@ -90,6 +95,7 @@ SPACES: dict[str, Callable[[], Space]] = {
         "model.dropout": Param("float", low=0.0, high=0.5),
         "train.lr": Param("float", low=1e-4, high=3e-3, log=True),
         "model.history_bias": Param("categorical", (False, True)),
+        "train.ema": EMA,
     },
 }
 
