@@ -91,3 +91,20 @@ def test_text_encode_tiny(tmp_path: Path) -> None:
     assert {r["precision"] for r in row["runs"]} >= {"fp32"} and all(r["texts_per_s"] > 0 for r in row["runs"])
     if "bf16_cosine_distance" in row:
         assert row["bf16_cosine_distance"]["max"] <= row["bf16_cosine_distance"]["goal_max"]
+
+
+def test_ddp_scaling_tiny(tmp_path: Path) -> None:
+    """benchmarks/ddp_scaling.py on a generated dataset: one process on 1 and 2 threads, and two processes under
+    torchrun (gloo), the same epochs each, every row timed and tested."""
+    from seqrec.data.prepare import PrepareOptions, prepare
+    from tests.conftest import synthetic_log
+
+    data = prepare(synthetic_log(n_users=200, n_items=40), PrepareOptions(), tmp_path / "data").path
+    out = tmp_path / "ddp.json"
+    run_benchmark("ddp_scaling.py", "--tiny", "--dataset", str(data), "--out", str(out), timeout=600)
+    result = json.loads(out.read_text())
+    assert result["epochs"] == 2 and set(result["rows"]) == {
+        "1 process, 1 thread", "1 process, 2 threads", "torchrun 2 processes, 1 thread each"}
+    for row in result["rows"].values():
+        assert row["epochs_run"] == 2 and row["median_epoch_s"] > 0 and row["speedup_vs_1_thread"] > 0
+        assert 0 < row["test"]["ndcg@10"] <= 1
