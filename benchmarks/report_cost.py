@@ -32,6 +32,10 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
 ITEM_GRADIENTS = {True: "sparse", False: "dense", None: "dense (before sparse_items)"}
 
 
+def _gb(mb: float | None) -> str:
+    return DASH if mb is None else f"{mb / 1024:.2f}"
+
+
 def scale(d: dict[str, Any]) -> list[str]:
     """Cost against size on generated logs: prepare, an epoch, full evaluation, the IVF build."""
     rows = [[f"{r['interactions']:,}", f"{r['users']:,}", f"{r['items']:,}", f"{r['prepare']['total_s']:.1f}",
@@ -39,7 +43,8 @@ def scale(d: dict[str, Any]) -> list[str]:
              f"{r['epoch']['targets_per_s']:,.0f}",
              f"{r['epoch']['epoch_s']:.0f}" + (" (est.)" if r["epoch"]["extrapolated"] else ""),
              f"{r['evaluation']['all_users_s']:.0f}" + (" (est.)" if r["evaluation"]["extrapolated"] else ""),
-             f"{r['evaluation']['gflop_per_s']:.0f}", f"{r['index']['build_s']:.1f}"] for r in d["rows"]]
+             f"{r['evaluation']['gflop_per_s']:.0f}", f"{r['index']['build_s']:.1f}",
+             *(_gb(r[stage].get("peak_rss_mb")) for stage in ("epoch", "evaluation", "index"))] for r in d["rows"]]
     intro = ("Generated logs (`seqrec.data.synthetic`: Zipf item popularity, log-normal history lengths; users = "
              "n/10, items = n/20). `prepare`: `seqrec data prepare` on the log as Parquet, in its own process (its "
              "peak RSS). Epoch: SASRec d 64, 2 blocks, sampled softmax with 1024 shared negatives, batch 256, 2 "
@@ -55,7 +60,8 @@ def scale(d: dict[str, Any]) -> list[str]:
     lines = ["## Scale: cost against size", "", intro, "",
              *table(["interactions", "users", "items", "prepare s", "prepare peak GB", "item-table gradients",
                      "train targets/s", "epoch s",
-                     "full evaluation s", "evaluation GFLOP/s", "IVF build s"], rows)]
+                     "full evaluation s", "evaluation GFLOP/s", "IVF build s", "epoch peak GB",
+                     "evaluation peak GB", "IVF build peak GB"], rows)]
     if (RESULTS / "scale.png").is_file():
         lines += ["", "![cost against size](results/scale.png)"]
     prof = load("step_profile.json")

@@ -12,6 +12,9 @@ and the ANN index build, at 1M, 5M and 10M interactions (users = n/10, items = n
                  (random model vectors; the cost does not depend on the weights), extrapolated to all users
     index        FAISS IVF build over the item vectors (the service's default ANN index)
 
+Each stage runs in a process of its own, whose peak RSS is recorded (the prepared dataset it loads and the
+libraries included).
+
 Writes results/scale.json and results/scale.png (time and memory against size). `--tiny` runs the
 same code at 20k interactions, for the test suite.
 """
@@ -118,6 +121,27 @@ def measure_index(data: PreparedDataset) -> dict[str, Any]:
     return {"kind": "ivf", "items": data.n_items, "build_s": time.perf_counter() - t0}
 
 
+STAGES = ("epoch", "evaluation", "index")
+
+
+def measure_stage(stage: str, data_path: Path, steps: int, eval_users: int) -> dict[str, Any]:
+    """One stage in its own process (this script with --stage): its row and that process's peak RSS, the
+    prepared dataset it loads and the libraries included."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", stage, "--data", str(data_path),
+           "--steps", str(steps), "--eval-users", str(eval_users)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_stage(stage: str, data_path: Path, steps: int, eval_users: int) -> None:
+    data = PreparedDataset.load(data_path)
+    torch.set_num_threads(2)
+    measure = {"epoch": lambda: measure_epoch(data, steps), "evaluation": lambda: measure_eval(data, eval_users),
+               "index": lambda: measure_index(data)}[stage]
+    row = measure()
+    print(json.dumps({**row, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
 def run_size(n: int, work: Path, steps: int, eval_users: int) -> dict[str, Any]:
     shape = shape_for(n)
     t0 = time.perf_counter()
@@ -128,11 +152,8 @@ def run_size(n: int, work: Path, steps: int, eval_users: int) -> dict[str, Any]:
     del log
     row: dict[str, Any] = {"interactions": n, "users": shape.n_users, "items": shape.n_items,
                            "generate_s": generate_s, "prepare": measure_prepare(log_path, work / f"prepared-{n}")}
-    data = PreparedDataset.load(work / f"prepared-{n}")
-    torch.set_num_threads(2)
-    row["epoch"] = measure_epoch(data, steps)
-    row["evaluation"] = measure_eval(data, eval_users)
-    row["index"] = measure_index(data)
+    for stage in STAGES:
+        row[stage] = measure_stage(stage, work / f"prepared-{n}", steps, eval_users)
     print(json.dumps(row), flush=True)
     return row
 
@@ -155,9 +176,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
-    mem.plot(n, [r["prepare"]["peak_rss_mb"] / 1024 for r in rows], marker="o")
+    for label, key in (("prepare", "prepare"), ("SASRec epoch", "epoch"),
+                       ("full evaluation", "evaluation"), ("IVF build", "index")):
+        values = [r[key].get("peak_rss_mb") for r in rows]
+        if all(v is not None for v in values):
+            mem.plot(n, [v / 1024 for v in values], marker="o", label=label)
     mem.set_xlabel("interactions (millions)")
-    mem.set_ylabel("prepare peak RSS (GB)")
+    mem.set_ylabel("peak RSS (GB)")
+    mem.legend(fontsize=8)
     mem.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -170,7 +196,12 @@ def main() -> None:
     p.add_argument("--eval-users", type=int, default=20_000)
     p.add_argument("--tiny", action="store_true", help="20k interactions, into a temporary folder, no results file")
     p.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    p.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # one stage of one size, in its own process
+    p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.stage:
+        run_stage(args.stage, args.data, args.steps, args.eval_users)
+        return
     sizes = [20_000] if args.tiny else [int(s) for s in args.sizes]
     with tempfile.TemporaryDirectory(prefix="seqrec-scale-") as tmp:
         rows = [run_size(n, Path(tmp), 3 if args.tiny else args.steps, 500 if args.tiny else args.eval_users)
@@ -178,7 +209,9 @@ def main() -> None:
     if args.tiny:
         return
     write_result(args.out, {"machine": machine(), "command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]),
-                            "peak_rss_note": "of the prepare process alone", "rows": rows,
+                            "peak_rss_note": "of each stage's own process (the prepared dataset it loads, "
+                                             "torch and the other libraries included)",
+                            "rows": rows,
                             "this_process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
     plot(rows, args.out.with_suffix(".png"))
 

@@ -14,6 +14,7 @@ def test_scale_benchmark_tiny_mode() -> None:
     assert row["interactions"] == 20_000 and row["prepare"]["total_s"] > 0 and row["prepare"]["peak_rss_mb"] > 0
     assert row["epoch"]["targets"] > 0 and row["epoch"]["epoch_targets"] > 0
     assert row["evaluation"]["users"] == 500 and row["index"]["build_s"] > 0
+    assert all(row[stage]["peak_rss_mb"] > 0 for stage in ("epoch", "evaluation", "index"))  # each its own process
 
 
 def test_step_profile_tiny(tmp_path: Path) -> None:
