@@ -287,3 +287,12 @@ def test_ctrl_c_in_a_trial_prints_no_traceback(tiny_dataset: PreparedDataset, tm
         logging.getLogger("optuna.study._optimize").removeHandler(seen)
     assert seen.records  # Optuna did log the failed trial ...
     assert not [r for r in seen.records if r.exc_info]  # ... and no traceback with it
+
+
+def test_jobs_auto_fills_the_cores_at_each_trials_threads() -> None:
+    from seqrec.train.tune import auto_jobs
+
+    assert auto_jobs(0, cores=2)[0] == 1  # a trial on torch's default threads takes every core
+    assert auto_jobs(1, cores=2)[0] == 2 and auto_jobs(2, cores=8)[0] == 4
+    assert auto_jobs(4, cores=2)[0] == 1  # never none
+    assert "2 cores" in auto_jobs(1, cores=2)[1]

@@ -170,8 +170,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     data = PreparedDataset.load(resolve_dataset(args.dataset))
     check_model_flag(load_toml(Path(args.config)) if args.config else {}, args.model, args.config)
     base = base_config(Path(args.config) if args.config else None, args.model, str(data.path), list(args.set or []))
-    if not args.budget > 0 or (args.trials is not None and args.trials < 1) or args.jobs < 1 or args.seed < 0:
-        raise SeqrecError("--budget must be > 0 seconds, --trials and --jobs >= 1, --seed >= 0; got --budget "
+    jobs = None if args.jobs == "auto" else int(args.jobs) if args.jobs.isdigit() else 0
+    if not args.budget > 0 or (args.trials is not None and args.trials < 1) or jobs == 0 or args.seed < 0:
+        raise SeqrecError("--budget must be > 0 seconds, --trials >= 1, --jobs auto or >= 1, --seed >= 0; got --budget "
                           f"{args.budget:g}, --trials {args.trials}, --jobs {args.jobs}, --seed {args.seed}")
     if args.budget == float("inf") and args.trials is None:
         raise SeqrecError("--budget inf needs --trials (else the search never ends)")
@@ -183,7 +184,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           "is there (a study's folder holds study.db, and `seqrec tune` goes on with it); choose "
                           "another --out")
     shares = {} if args.min_trials is None else {"min_trials": args.min_trials}
-    report = tune(base, data, run_dir, args.budget, args.trials, jobs=args.jobs, seed=args.seed, **shares)
+    report = tune(base, data, run_dir, args.budget, args.trials, jobs=jobs, seed=args.seed, **shares)
     states: dict[str, int] = {}
     for t in report["trials"]:
         states[t["state"]] = states.get(t["state"], 0) + 1
@@ -266,7 +267,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tu.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="base config overrides")
     tu.add_argument("--budget", type=float, default=1800.0, help="seconds of search (default 1800)")
     tu.add_argument("--trials", type=int, help="stop after this many trials (default: only the budget)")
-    tu.add_argument("--jobs", type=int, default=1, help="trials at a time (give each train.threads its share)")
+    tu.add_argument("--jobs", default="auto",
+                    help="trials at a time (give each train.threads its share); auto (the default): as many as the "
+                         "cores hold at train.threads each, one when train.threads is torch's default")
     tu.add_argument("--min-trials", type=int,
                     help="no trial trains longer than budget x jobs / this, so that at least this many run (default 6)")
     tu.add_argument("--seed", type=int, default=0, help="the sampler's seed")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -139,13 +140,23 @@ def base_point(space: Space, base_cfg: Any, data: PreparedDataset) -> dict[str, 
     return {k: v for k, v in point.items() if space[k].holds(v)}
 
 
+def auto_jobs(threads: int, cores: int | None = None) -> tuple[int, str]:
+    """How many trials run at a time when not told: as many as the cores hold at `train.threads` each; one
+    when a trial takes torch's default (every core)."""
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if threads <= 0:
+        return 1, f"train.threads is torch's default, every one of the {cores} cores: one trial at a time"
+    jobs = max(1, cores // threads)
+    return jobs, f"{cores} cores at train.threads={threads} each"
+
+
 def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: float, trials: int | None,
-         warmup: int = 3, jobs: int = 1, seed: int = 0, final: bool = True, min_trials: int = MIN_TRIALS
+         warmup: int = 3, jobs: int | None = 1, seed: int = 0, final: bool = True, min_trials: int = MIN_TRIALS
          ) -> dict[str, Any]:
     """Search on validation, then train the best settings once and test them. Returns the report.
 
     No trial trains for more than `budget_s * jobs / min_trials` seconds, so that the budget holds at
-    least `min_trials` trials (a trial at its cap keeps its best epoch so far)."""
+    least `min_trials` trials (a trial at its cap keeps its best epoch so far). `jobs` None: `auto_jobs`."""
     if min_trials < 1:
         raise SeqrecError(f"--min-trials must be >= 1, got {min_trials}")
     try:
@@ -169,6 +180,9 @@ def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: f
         point = base_point(space, base_cfg, data)  # (again where an interrupted call left it failed or unrun)
         study.set_user_attr("base_point", point)
         study.enqueue_trial(point, user_attrs={"base": True, "base_keys": sorted(point)})
+    if jobs is None:  # said once the study is open: every refusal comes before it
+        jobs, why = auto_jobs(base_cfg.train.threads)
+        log.info("auto: --jobs %d (%s)", jobs, why)
     started = time.time()
     objective = _objective(base, data, space, run_dir, started + budget_s, budget_s * jobs / min_trials, fit)
     _optimize(study, objective, budget_s, trials, jobs)
