@@ -134,6 +134,10 @@ def tune(d: dict[str, Any]) -> list[str]:
     if d.get("seeds"):
         verdicts.append(seed_verdict(d))
     earlier = "" if "min_trials" in d else " (a study before the per-trial cap)"
+    if d.get("study"):
+        earlier += f" (study `{d['study']}`)"
+    if d.get("space"):
+        intro += " Searched: " + ", ".join(f"`{k}`" for k in d["space"]) + "."
     title = "from SASRec's defaults against the recipe" if d.get("base") == "defaults" else "against the recipe"
     return [f"## `seqrec tune` {title} on {d['dataset']}{earlier}", "", intro, "",
             *table(["run", "settings", "valid N@10", "test R@10", "test N@10"], rows), "",
