@@ -171,12 +171,17 @@ def histories(n: int, n_items: int, seed: int = 0) -> list[list[str]]:
     return [[f"i{i}" for i in h] for h in cuts]
 
 
+def recommend_bodies(n_items: int, seed: int = 0) -> list[bytes]:
+    """500 POST /recommend requests (top-10) for generated histories over an `n_items` catalogue."""
+    return [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items, seed)]
+
+
 def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str,
                     engine: str = "torch", health: bool = False) -> dict[str, Any]:
     """POST /recommend at concurrency 1, 8, 32; `health`: GET /health instead (the HTTP stack alone)."""
     server = Server(run, WORK / "serve" / f"recommend-{index}-{engine}.log", index=index, engine=engine)
     try:
-        bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
+        bodies = recommend_bodies(n_items)
         if health:
             asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
             bodies = [request_bytes("GET", "/health", None)]
@@ -201,7 +206,7 @@ def bench_fast_path(run: Path, n_items: int, n_requests: int, cap: float, repeat
     """POST /recommend at concurrency 8 (ivf index, onnx engine) answered by the fast path and by FastAPI's
     routing (`--no-fast-path`), a new service each time, alternating: requests/s, latency, and the server's
     CPU per request."""
-    bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items)]
+    bodies = recommend_bodies(n_items)
     out: dict[str, Any] = {label: {"runs": []} for label, _ in FAST_ROWS}
     for _ in range(repeats):
         for label, extra in FAST_ROWS:
@@ -244,7 +249,7 @@ async def live_adds(port: int, n_items: int, titles: list[str], n_add: int, n_re
                 confirm: int = 1) -> dict[str, Any]:
     """`confirm`: answers in a row (each on a new connection) that must return the new item; with several
     worker processes, each answer comes from whichever worker takes the connection."""
-    bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items, 1)]
+    bodies = recommend_bodies(n_items, 1)
     done = False
     load = asyncio.create_task(run_load("127.0.0.1", port, bodies, 8, n_requests, cap, stop=lambda: done))
     visible, post_ms, failures, history_failures = [], [], 0, 0
@@ -329,7 +334,7 @@ def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeat
 
 
 async def _deletes(port: int, n_items: int, n_delete: int, cap: float) -> dict[str, Any]:
-    bodies = [request_bytes("POST", "/recommend", {"history": h, "k": 10}) for h in histories(500, n_items, 2)]
+    bodies = recommend_bodies(n_items, 2)
     done = False
     load = asyncio.create_task(run_load("127.0.0.1", port, bodies, 8, 10_000_000, cap, stop=lambda: done))
     gone = np.random.default_rng(0).permutation(np.arange(1, n_items + 1))[:n_delete]

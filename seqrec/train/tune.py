@@ -25,90 +25,28 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from seqrec.config import resolve, saved_config
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import write_json_atomic
 from seqrec.errors import SeqrecError
+from seqrec.train.tune_space import SPACES, Space, auto_jobs, base_point, fits, get_setting
+
+__all__ = ["MIN_TRIALS", "SPACES", "auto_jobs", "base_config", "base_point", "tune"]
 
 log = logging.getLogger(__name__)
 
 MIN_TRIALS = 6  # the budget is shared so that at least this many trials run (each capped at its share)
 
 
-@dataclass(frozen=True)
-class Param:
-    """One searched setting: a categorical choice, or an int / float range (log-uniform when `log`)."""
-
-    kind: Literal["categorical", "int", "float"]
-    choices: tuple[Any, ...] = ()
-    low: float = 0.0
-    high: float = 0.0
-    log: bool = False
-
-    def draw(self, trial: Any, name: str) -> Any:
-        if self.kind == "categorical":
-            return trial.suggest_categorical(name, list(self.choices))
-        if self.kind == "int":
-            return trial.suggest_int(name, int(self.low), int(self.high))
-        return trial.suggest_float(name, self.low, self.high, log=self.log)
-
-    def holds(self, value: Any) -> bool:
-        if self.kind == "categorical":
-            return value in self.choices
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        return self.low <= value <= self.high and (self.kind == "float" or value == int(value))
-
-
-Space = dict[str, Param]  # "section.key" -> what a trial draws
-
-
-def _transformer_space() -> Space:
-    return {
-        "model.d": Param("categorical", (32, 64, 128)),
-        "model.n_layers": Param("int", low=1, high=3),
-        "model.dropout": Param("float", low=0.1, high=0.6),
-        "train.lr": Param("float", low=1e-4, high=3e-3, log=True),
-        "train.weight_decay": Param("float", low=1e-6, high=0.3, log=True),
-        "model.history_bias": Param("categorical", (False, True)),
-        "model.norm_first": Param("categorical", (False, True)),
-        "train.ema": EMA,
-    }
-
-
-# weight averaging (train.ema, 0 = off): the hand-made SASRec recipes that validated best average their weights
-EMA = Param("categorical", (0.0, 0.99, 0.997, 0.999))
-
-SPACES: dict[str, Callable[[], Space]] = {
-    "sasrec": _transformer_space,
-    "bert4rec": lambda: {k: v for k, v in _transformer_space().items() if k != "model.history_bias"},
-    "unisrec": lambda: {k: v for k, v in _transformer_space().items() if k != "model.d"},
-    "gru4rec": lambda: {
-        "model.d": Param("categorical", (32, 64, 128)),
-        "model.dropout": Param("float", low=0.0, high=0.5),
-        "train.lr": Param("float", low=1e-4, high=3e-3, log=True),
-        "model.history_bias": Param("categorical", (False, True)),
-        "train.ema": EMA,
-    },
-}
-
-
 # "auto" settings decided from the machine as well as the data (seqrec.train.auto): a trial's are kept
 LOSS_COMPANIONS = ("model.negatives", "model.logq", "model.n_negatives")
 MACHINE_DECIDED = ("model.loss", *LOSS_COMPANIONS, "train.batch_size", "train.sparse_items")
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    section, key = dotted.split(".")
-    return getattr(getattr(cfg, section), key, None)
 
 
 def _with(cfg: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -117,37 +55,6 @@ def _with(cfg: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
         section, key = dotted.split(".")
         out.setdefault(section, {})[key] = value
     return out
-
-
-def _fits(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """Keep a sample valid: attention heads must divide d."""
-    d = values.get("model.d", base.get("model", {}).get("d"))
-    heads = base.get("model", {}).get("n_heads")
-    if d is not None and heads and d % heads:
-        values["model.n_heads"] = 1
-    return values
-
-
-def base_point(space: Space, base_cfg: Any, data: PreparedDataset) -> dict[str, Any]:
-    """The base config's own value of each searched setting that the space can hold ("auto" ones decided
-    from `data` as training would decide them); a setting outside its range is left out (the base trial keeps
-    the base's value of it, undrawn)."""
-    from seqrec.train.auto import resolve_auto
-
-    decided = copy.deepcopy(base_cfg)
-    resolve_auto(decided.model, data)
-    point = {k: _get(decided, k) for k in space}
-    return {k: v for k, v in point.items() if space[k].holds(v)}
-
-
-def auto_jobs(threads: int, cores: int | None = None) -> tuple[int, str]:
-    """How many trials run at a time when not told: as many as the cores hold at `train.threads` each; one
-    when a trial takes torch's default (every core)."""
-    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    if threads <= 0:
-        return 1, f"train.threads is torch's default, every one of the {cores} cores: one trial at a time"
-    jobs = max(1, cores // threads)
-    return jobs, f"{cores} cores at train.threads={threads} each"
 
 
 def tune(base: dict[str, Any], data: PreparedDataset, run_dir: Path, budget_s: float, trials: int | None,
@@ -277,7 +184,7 @@ def _objective(base: dict[str, Any], data: PreparedDataset, space: Space, run_di
     def objective(trial: Any) -> float:
         # the base trial keeps the base's own value of a setting its range cannot hold (a weight decay of 0)
         drawn = [k for k in space if not trial.user_attrs.get("base") or k in trial.user_attrs["base_keys"]]
-        values = _fits({k: space[k].draw(trial, k) for k in drawn}, base)
+        values = fits({k: space[k].draw(trial, k) for k in drawn}, base)
         # a trial ends with the study's budget too (Optuna's timeout only stops new trials from starting),
         # and at its share of it
         cap = max(1.0, min(deadline - time.time(), share_s))
@@ -304,8 +211,8 @@ def _objective(base: dict[str, Any], data: PreparedDataset, space: Space, run_di
         finally:  # what the machine decided for this trial (fit decides before its first epoch, into config.json)
             if (trial_dir / "config.json").is_file():
                 decided = saved_config(trial_dir / "config.json")
-                trial.set_user_attr("decided", {k: _get(decided, k) for k in MACHINE_DECIDED
-                                                if _get(decided, k) is not None})
+                trial.set_user_attr("decided", {k: get_setting(decided, k) for k in MACHINE_DECIDED
+                                                if get_setting(decided, k) is not None})
         return float(results["valid"]["ndcg@10"])
 
     return objective
@@ -363,9 +270,9 @@ def _final_run(study: Any, base: dict[str, Any], data: PreparedDataset, run_dir:
     # the best trial's machine-dependent decisions, so the final run does not make them again under other load
     base_cfg = resolve(base)
     best_raw = _with(best_raw, {k: v for k, v in best.user_attrs.get("decided", {}).items()
-                                if _get(base_cfg, k) == "auto" or k in LOSS_COMPANIONS})
+                                if get_setting(base_cfg, k) == "auto" or k in LOSS_COMPANIONS})
     if "model.d" in best.params:
-        best_raw = _with(best_raw, _fits({"model.d": best.params["model.d"]}, base))
+        best_raw = _with(best_raw, fits({"model.d": best.params["model.d"]}, base))
     shutil.rmtree(run_dir / "best", ignore_errors=True)  # a resumed study trains its final run again
     results = fit(resolve(best_raw), data, run_dir / "best")
     return {"path": str(run_dir / "best"), "config": best_raw, "valid": results["valid"], "test": results["test"]}
