@@ -104,7 +104,7 @@ def ml100k_recbole_files() -> PreparedDataset:
 
 def run_seqrec(run_dir: Path, batch_size: int, stride: int, extra: list[str]) -> dict[str, Any]:
     data = ml100k_recbole_files()
-    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir)]
+    cmd = [sys.executable, "-m", "seqrec.cli", "train", "--out", str(run_dir), "--overwrite"]
     for s in [f'data.dataset="{data.path}"', *seqrec_sets(batch_size, stride, extra)]:
         cmd += ["--set", s]
     proc = timed(cmd, run_dir.with_suffix(".log"))
