@@ -149,8 +149,10 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
     name = d.get("_file", "text_encoding.json")
     entries = [r for r in d.values() if isinstance(r, dict) and "runs" in r]
     cpu = next((r["machine"].get("cpu_model") for r in entries if r.get("machine", {}).get("cpu_model")), "")
+    bf16 = any("bf16" in run.get("precision", "") for r in entries for run in r["runs"])
+    where = f" on {cpu}" + (" with native bf16" if bf16 else ", float32 only")  # two AMD EPYC models differ in it
     lines = section(
-        "Text encoding throughput (frozen encoder)" + (f" on {cpu}" if name != "text_encoding.json" else ""),
+        "Text encoding throughput (frozen encoder)" + (where if name != "text_encoding.json" else ""),
         f"Script: `benchmarks/text_encode.py`; file: `results/{name}`. Every item text of the "
         "dataset, mean pooling, max 128 tokens, batch size 64: batches of 64 × 64 padded tokens sorted by token "
         "length (`TextEncoder`), and in bf16 the batching it replaced (64 texts a batch sorted by characters, "
