@@ -29,7 +29,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, WORK, fresh_run, machine, prepared, write_result
 
-from seqrec.train.tune import MIN_TRIALS, SPACES
+from seqrec.train.tune import MIN_TRIALS
+from seqrec.train.tune_space import SPACES
 
 
 def recipe_row(dataset: str, history_bias: bool) -> dict:

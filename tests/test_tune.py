@@ -290,7 +290,7 @@ def test_ctrl_c_in_a_trial_prints_no_traceback(tiny_dataset: PreparedDataset, tm
 
 
 def test_jobs_auto_fills_the_cores_at_each_trials_threads() -> None:
-    from seqrec.train.tune import auto_jobs
+    from seqrec.train.tune_space import auto_jobs
 
     assert auto_jobs(0, cores=2)[0] == 1  # a trial on torch's default threads takes every core
     assert auto_jobs(1, cores=2)[0] == 2 and auto_jobs(2, cores=8)[0] == 4

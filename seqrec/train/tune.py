@@ -37,7 +37,7 @@ from seqrec.data.io import write_json_atomic
 from seqrec.errors import SeqrecError
 from seqrec.train.tune_space import SPACES, Space, auto_jobs, base_point, fits, get_setting
 
-__all__ = ["MIN_TRIALS", "SPACES", "auto_jobs", "base_config", "base_point", "tune"]
+__all__ = ["MIN_TRIALS", "base_config", "tune"]
 
 log = logging.getLogger(__name__)
 
