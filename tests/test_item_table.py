@@ -58,6 +58,8 @@ def test_join_counts_unmatched_and_catalogue_only_items(tmp_path: Path, suffix: 
     assert {k: joined.catalogue[k] for k in ("table_items", "table_items_without_interactions",
                                               "log_items_without_row")} == {
         "table_items": 5, "table_items_without_interactions": 2, "log_items_without_row": 1}
+    assert joined.catalogue["table_items_without_text"] == 1  # e: its title and brand are empty
+    assert "1 of the table's 5 items have empty text (e.g. 'e')" in caplog.text
     data = prepare(joined, PrepareOptions(), tmp_path / "ds")
     table = data.item_table.sort("idx")
     # the log's items first (a, b, c, x), then the table's items with no interaction (d, e)
@@ -132,6 +134,41 @@ def test_cli_prepare_with_items_and_stats(tmp_path: Path, capsys: pytest.Capture
     assert main(["data", "stats", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "6  (2 without interactions: the item table" in printed and "1 log items without a row" in printed
+    assert "1 with empty text" in printed
+
+
+def test_columns_named_like_seqrecs_own_keep_each_items_text(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A table column named `idx` or `item` (names prepare uses itself) is kept under another name, and
+    every item keeps its own text: prepare once sorted the texts by such a column."""
+    raw = read_table(write_log(tmp_path), "uid", "sku", "ts")
+    path = tmp_path / "items.csv"
+    path.write_text("sku,idx,item,title\nc,0,x1,Gamma\na,2,x2,Alpha\nb,1,x3,Beta\n")
+    table = read_item_table(path, "sku")
+    assert table.frame.columns == ["item", "idx_field", "item_field", "title"]
+    assert "column 'idx' is kept as item field 'idx_field'" in caplog.text
+    data = prepare(join_item_table(raw, table, "{title}"), PrepareOptions(), tmp_path / "ds")
+    rows = dict(zip(data.item_table["item"].to_list(), data.item_table["text"].to_list(), strict=True))
+    assert rows == {"a": "Alpha", "b": "Beta", "c": "Gamma", "x": None}
+    assert dict(zip(data.item_table["item"].to_list(), data.item_table["idx_field"].to_list(),
+                    strict=True))["a"] == "2"
+
+
+@pytest.mark.parametrize(("content", "read", "match"), [
+    ("sku,title,title\na,A,B\n", "items", r"bad.csv: column 'title' appears twice in the header"),
+    ("uid,sku,sku\nu1,a,b\n", "log", r"bad.csv: column 'sku' appears twice"),
+    ("sku,title\n", "join", r"bad.csv: the item table has no rows"),
+])
+def test_a_header_naming_a_column_twice_or_no_rows_is_refused(tmp_path: Path, content: str, read: str,
+                                                              match: str) -> None:
+    raw = read_table(write_log(tmp_path), "uid", "sku", "ts")
+    bad = tmp_path / "bad.csv"
+    bad.write_text(content)
+    with pytest.raises(SeqrecError, match=match):
+        if read == "log":
+            read_table(bad, "uid", "sku")
+        else:
+            join_item_table(raw, read_item_table(bad, "sku"), "{title}")
 
 
 SEQ_HEADER = "user_id:token\titem_id_list:token_seq\titem_id:token\n"

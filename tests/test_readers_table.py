@@ -154,7 +154,7 @@ def test_the_format_decides_and_a_suffix_of_another_type_is_refused(tmp_path: Pa
 def test_a_header_read_as_one_column_names_the_separator(tmp_path: Path) -> None:
     path = write(tmp_path / "log.csv", "u;i;t\na;x;1\n")
     with pytest.raises(SeqrecError, match=r"available: 'u;i;t' \(the header was read as one column: it is "
-                                          r"separated by ';', not ','; check the separator\)$"):
+                                          r"separated by ';', not ','; give it with --sep ';', or sep= from Python\)$"):
         read_table(path, "u", "i")
     with pytest.raises(SeqrecError, match=r"separated by ',', not TAB"):
         read_table(write(tmp_path / "log.tsv", "u,i\na,x\n"), "u", "i")

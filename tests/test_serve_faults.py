@@ -431,6 +431,16 @@ def test_a_blank_new_item_id_is_refused(runs: dict[str, Path]) -> None:
     assert rec.catalogue.n_active == before
 
 
+def test_an_empty_or_repeated_new_item_id_is_named(runs: dict[str, Path]) -> None:
+    """An empty id answered pydantic's "at least 1 item"; a repeated one did not say which."""
+    client = TestClient(create_app(Recommender.from_run(runs["unisrec"])))
+    r = client.post("/items", json={"items": [{"id": "", "text": "a red kettle"}]})
+    assert r.status_code == 422 and r.json()["error"] == "items.0.id: empty; give at least one character"
+    r = client.post("/items", json={"items": [{"id": "k1", "text": "a"}, {"id": "k2", "text": "b"},
+                                              {"id": "k1", "text": "c"}]})
+    assert r.status_code == 400 and "item id 'k1' is given more than once" in r.json()["error"]
+
+
 def test_a_body_that_is_not_utf8_is_named(runs: dict[str, Path]) -> None:
     client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
     r = client.post("/recommend", content=b'{"history": ["\xff\xfe"], "k": 2}',

@@ -109,14 +109,53 @@ def test_in_batch_info_nce_matches_hand_computation_with_same_item_masking() -> 
     s = ((q @ k.T) / tau).tolist()
     by_hand = [-(s[i][i] - math.log(sum(math.exp(s[i][j]) for j in range(3)))) for i in range(3)]
     assert info_nce_in_batch(q, k, tau).item() == pytest.approx(sum(by_hand) / 3, rel=1e-5)
-    # rows 0 and 2 share their positive item: each is removed from the other's negatives
+    # rows 0 and 2 share their positive item: each is removed from the other's negatives, and the item's
+    # key is the first row's (one vector per item)
     ids = torch.tensor([7, 8, 7])
     masked = [
         -(s[0][0] - math.log(math.exp(s[0][0]) + math.exp(s[0][1]))),
-        by_hand[1],
-        -(s[2][2] - math.log(math.exp(s[2][1]) + math.exp(s[2][2]))),
+        -(s[1][1] - math.log(math.exp(s[1][0]) * 2 + math.exp(s[1][1]))),  # item 7 is two rows' positive
+        -(s[2][0] - math.log(math.exp(s[2][0]) + math.exp(s[2][1]))),
     ]
     assert info_nce_in_batch(q, k, tau, ids).item() == pytest.approx(sum(masked) / 3, rel=1e-5)
+
+
+def test_in_batch_info_nce_over_distinct_items_equals_the_loss_over_every_row() -> None:
+    """The (M, U) loss over distinct items, with log counts, is the (M, M) one over every row's key when the
+    rows of one item share its key: value and gradients, with history candidates."""
+    torch.manual_seed(1)
+    tau, n_items, m, width = 0.2, 6, 40, 5
+    E = torch.randn(n_items + 1, 8, requires_grad=True)
+    q = torch.randn(m, 8, requires_grad=True)
+    ids = torch.randint(1, n_items + 1, (m,))
+    x = torch.randint(0, n_items + 1, (m, width))
+    v = torch.randn(m, width) * (x != 0)
+
+    def dense() -> torch.Tensor:  # every row's key, the same item's other rows masked (the loss before)
+        k, qn = F.normalize(E, dim=-1), F.normalize(q, dim=-1)
+        z = torch.einsum("md,mld->ml", qn, k[x])
+        logits = (qn @ k[ids].T) / tau
+        eye = torch.eye(m, dtype=torch.bool)
+        logits = logits.masked_fill((ids[:, None] == ids[None, :]) & ~eye, -torch.inf)
+        hist = {(i, int(c)) for i in range(m) for c in x[i] if c}
+        drop = torch.tensor([[(i, int(ids[j])) in hist and i != j for j in range(m)] for i in range(m)])
+        total = torch.stack([(v[i][None, :] * (x[i][None, :] == x[i][:, None])).sum(1) for i in range(m)])
+        firsts = torch.tensor([[bool(x[i, t]) and int(x[i, t]) not in x[i, :t].tolist() for t in range(width)]
+                               for i in range(m)])
+        cand = (z / tau + total).masked_fill(~firsts | (x == ids[:, None]), -torch.inf)
+        positive = (v * (x == ids[:, None])).sum(1)
+        logits = logits.masked_fill(drop, -torch.inf) + torch.diag(positive)
+        return F.cross_entropy(torch.cat([logits, cand], 1), torch.arange(m))
+
+    want = dense()
+    want_grads = torch.autograd.grad(want, [E, q])
+    k, qn = F.normalize(E, dim=-1), F.normalize(q, dim=-1)
+    z = torch.einsum("md,mld->ml", qn, k[x])
+    got = info_nce_in_batch(qn, k[ids], tau, ids, history=(x, v, z))
+    got_grads = torch.autograd.grad(got, [E, q])
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_in_batch_info_nce_with_history_candidates_matches_brute_force() -> None:

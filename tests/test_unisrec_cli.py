@@ -160,6 +160,8 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     results = json.loads((zs / "results.json").read_text())
     assert results["epochs_run"] == 0 and "zero-shot" in results["protocol"]["model_selection"]
     direct = run(capsys, "evaluate", str(pre), "--dataset", str(a))
+    said, direct = direct.split("\n", 1)
+    assert said.startswith(f"zero-shot: {pre} on ") and said.endswith("no training on it")
     assert out.split("\n", 2)[2] == direct  # the same metrics, printed the same way (after the note and run lines)
     assert "Item number" in run(capsys, "recommend", str(zs), "--user", "u1", "-k", "3")
     assert main(["evaluate", str(pre)]) == 2

@@ -109,8 +109,8 @@ def zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
                               f"{run} is a trained run and has its own catalogue")
         return run
     if not dataset:
-        raise SeqrecError(f"{run} is a pre-training run (its items are its domains', as DOMAIN:ID): name the "
-                          "catalogue to use it on zero-shot with --dataset")
+        raise SeqrecError(f"{run} is a pre-training run, used zero-shot on a catalogue: name it with --dataset "
+                          "(the history's item ids are that catalogue's)")
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.loop import pick_device
     from seqrec.train.transfer import zero_shot, zero_shot_config
@@ -141,6 +141,9 @@ def print_metrics(results: dict[str, Any]) -> None:
     if results["protocol"].get("history_bias"):  # another model than the published ones: said where it prints
         print("(a model with the history bias: a learned score offset for items already in the user's history, "
               "model.history_bias; seen items stay in the ranking)")
+    if results["protocol"].get("refit") and "test" in results:  # the two rows are of two models: say so
+        print("(test: the model trained again on training + validation events for the chosen epochs, train.refit; "
+              "valid: the validation-chosen model)")
     if any(split.endswith(" cold") for split in results):
         print("(cold: targets whose item occurs in no training event; warm: the others)")
     print(f"{'split':<11}" + "".join(f"{m + '@' + str(k):>12}" for k in ks for m in names) + f"{'users':>9}")

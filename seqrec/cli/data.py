@@ -180,6 +180,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"item table    {catalogue['item_table']}: {catalogue['table_items']:,} items, "
               f"{catalogue['table_items_without_interactions']:,} never in the log; "
               f"{catalogue['log_items_without_row']:,} log items without a row"
+              + (f"; {catalogue['table_items_without_text']:,} with empty text"
+                 if catalogue.get("table_items_without_text") else "")
               + (f"; text {catalogue['text_template']!r}" if catalogue["text_template"] else ""))
     print(f"interactions  {stats['interactions']:,}  (density {stats['density']:.5f})")
     lengths = "  ".join(f"{k} {v:g}" for k, v in stats["length_percentiles"].items())

@@ -122,6 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = build_app(options)  # a run or catalogue log that cannot be served is said before any address
         print(said, flush=True)
         uvicorn.run(app, host=args.host, port=args.port, **uvicorn_options())  # type: ignore[arg-type]
+        print(f"seqrec serve: stopped ({run})", flush=True)  # uvicorn's own lines are below log_level
         return 0
     print(said, flush=True)
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
@@ -133,6 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops
         uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, timeout_worker_healthcheck=ready, **uvicorn_options())
+    print(f"seqrec serve: stopped ({run}, {args.workers} workers)", flush=True)
     return 0
 
 

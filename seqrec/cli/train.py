@@ -120,6 +120,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         model = loaded[name][0]
         results |= evaluate_split(model, data, split, cfg, device, args.cold)
         results["protocol"]["history_bias"] = model.history is not None
+    results["protocol"]["refit"] = names["test"] != names["valid"]
     print_metrics(results)
     return 0
 
@@ -155,6 +156,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
                                             "model_selection": "none: zero-shot from " + str(run)}}
     for split in ("valid", "test"):
         results |= evaluate_split(model, data, split, cfg, device, args.cold)
+    print(f"zero-shot: {run} on {data.meta['name']} ({data.path}), no training on it")
     print_metrics(results)
     return 0
 

@@ -27,6 +27,8 @@ from seqrec.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 
+RESERVED_FIELDS = ("item", "idx")  # the item id and its index in the prepared data
+
 
 def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | None = None) -> ItemTable:
     """The table at `path` (or a polars / pandas DataFrame), keyed by its column `item_key` (renamed `item`);
@@ -36,7 +38,7 @@ def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | N
     if item_key not in columns:
         listed = ", ".join(map(repr, columns))
         raise SeqrecError(f"{table.path}: no item key column {item_key!r}; columns are {listed} "
-                          f"(choose one with --item-key){separator_hint(table, columns)}")
+                          f"(choose one with --item-key){separator_hint(table, columns, '--items-sep')}")
     frame = table.load(columns, text_cols=columns)
     keys = frame[item_key]
     empty = (keys.is_null() | (keys.cast(pl.Utf8).str.strip_chars() == "")).arg_true()
@@ -50,7 +52,13 @@ def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | N
         raise SeqrecError(f"{table.row_label(again)}: item id {keys[first]!r} in column {item_key!r} "
                           f"repeats {table.row_label(first).rsplit(', ', 1)[1]}; an item table needs one row per item")
     fields = [_as_text(frame[c]) for c in columns if c != item_key]
-    renamed = [s.rename(f"{s.name}_field") if s.name == "item" else s for s in fields]
+    renamed = []
+    for field in fields:  # names prepare uses itself: the id and the item index
+        if field.name in RESERVED_FIELDS:
+            log.warning("%s: column %r is kept as item field %r (%r is seqrec's own)", table.path, field.name,
+                        f"{field.name}_field", field.name)
+            field = field.rename(f"{field.name}_field")
+        renamed.append(field)
     out = pl.DataFrame([keys.rename("item"), *renamed])
     log.debug("read item table %s: %d items, fields %s", table.path, out.height, ", ".join(out.columns[1:]))
     return ItemTable(out, str(table.path))
@@ -71,10 +79,21 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
     frame = table.frame
     if template:
         check_template(template, frame.columns, table.source)
+        if frame.height == 0:
+            raise SeqrecError(f"{table.source}: the item table has no rows")
         texts = item_texts(frame, template, table.source)
         if all(t is None for t in texts):
             raise SeqrecError(f"{table.source}: the text template {template!r} gives empty text for every item")
+        if "text" in frame.columns:
+            log.warning("%s: the text template's output replaces the table's column 'text'", table.source)
         frame = frame.with_columns(pl.Series("text", texts, dtype=pl.Utf8))
+    elif frame.height == 0:
+        raise SeqrecError(f"{table.source}: the item table has no rows")
+    textless = _without_text(frame)
+    if textless.len():
+        shown = ", ".join(repr(v) for v in textless.head(3).to_list())
+        log.warning("%s: %d of the table's %d items have empty text (e.g. %s); their text follows the model's "
+                    "text_missing policy", table.source, textless.len(), frame.height, shown)
     logged = raw.interactions.frame["item"].unique()
     known = frame["item"].is_in(logged.implode())
     unmatched = logged.filter(~logged.is_in(frame["item"].implode()))
@@ -94,6 +113,17 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
                     consequence)
     report = {"item_table": table.source, "table_items": frame.height,
               "table_items_without_interactions": int((~known).sum()),
-              "log_items_without_row": int(unmatched.len()), "text_template": template}
+              "log_items_without_row": int(unmatched.len()), "table_items_without_text": int(textless.len()),
+              "text_template": template}
     log.info("item table joined: %s", report)
     return dataclasses.replace(raw, items=ItemTable(frame, table.source), catalogue=report)
+
+
+def _without_text(frame: pl.DataFrame) -> pl.Series:
+    """The ids of the table's items with no text: an empty `text` field, or no field at all without one."""
+    if "text" in frame.columns:
+        return frame.filter(pl.col("text").is_null())["item"]
+    fields = [c for c in frame.columns if c != "item"]
+    if not fields:
+        return frame["item"].head(0)
+    return frame.filter(pl.all_horizontal(pl.col(c).is_null() for c in fields))["item"]

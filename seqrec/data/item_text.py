@@ -127,8 +127,9 @@ def texts_hash(texts: Sequence[str | None]) -> str:
     return h.hexdigest()[:16]
 
 
-FALLBACK = ('model.text_missing = "id" or "mean" for training (e.g. --set model.text_missing=\'"id"\'), '
+FALLBACK = ('model.text_missing = "id" or "mean" for training (e.g. --set model.text_missing=id), '
             "--missing id | mean for `seqrec text encode`")
+GIVE_TEXT = "give them text (item-table rows, or a template over fields they have) or choose a fallback: "
 
 
 def fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingText
@@ -142,8 +143,7 @@ def fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTex
                     "'error' refuses, 'id' uses the text 'item <id>')", n, shown)
         policy = "mean"
     if n and policy == "error":
-        raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); pass a template that "
-                          "covers them or choose a fallback: " + FALLBACK)
+        raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); " + GIVE_TEXT + FALLBACK)
     if policy in ("id", "mean") and n / max(1, len(texts)) > AUTO_MISSING_SHARE:  # chosen, here or in the cache
         log.warning("%s: they get %s, which says nothing about them; a text model learns little on this catalogue",
                     share_without_text(missing, raw_ids),
@@ -165,5 +165,4 @@ def share_without_text(missing: np.ndarray, raw_ids: list[str]) -> str:
 
 def too_many_missing(missing: np.ndarray, raw_ids: list[str]) -> SeqrecError:
     return SeqrecError(f"{share_without_text(missing, raw_ids)}, more than the {AUTO_MISSING_SHARE:.0%} that "
-                       "text_missing='auto' stands in for; pass a template that covers them or choose a fallback: "
-                       + FALLBACK)
+                       "text_missing='auto' stands in for; " + GIVE_TEXT + FALLBACK)

@@ -96,9 +96,23 @@ class TableFile:
                 return list(pl.read_parquet_schema(self.path))
             if self.kind == "jsonl":
                 return self._jsonl().columns
-            return pl.read_csv(self.path, separator=self.sep or ",", n_rows=0, infer_schema=False).columns
+            columns = pl.read_csv(self.path, separator=self.sep or ",", n_rows=0, infer_schema=False).columns
         except (pl.exceptions.PolarsError, OSError) as err:
             raise self._error(err, "cannot read the header" if self.kind == "csv" else "cannot read") from None
+        if any("_duplicated_" in c for c in columns):  # polars renames a repeated header: say it instead
+            self._refuse_repeated_header()
+        return columns
+
+    def _refuse_repeated_header(self) -> None:
+        """An error naming a column the CSV header holds twice (when it does: polars' suffix may be a real name)."""
+        with self.path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:
+            header = next(csv.reader(fh, delimiter=self.sep or ","), [])
+        seen: set[str] = set()
+        for name in header:
+            if name in seen:
+                raise SeqrecError(f"{self.path}: column {name!r} appears twice in the header; "
+                                  "every column needs its own name")
+            seen.add(name)
 
     def load(self, wanted: list[str], text_cols: Sequence[str] = ()) -> pl.DataFrame:
         """Only the wanted columns; `text_cols` are read from CSV as Utf8, others inferred."""
@@ -320,8 +334,9 @@ def missing_columns(table: TableFile, missing: list[str], available: list[str]) 
             f"{', '.join(map(repr, available))}{separator_hint(table, available)}")
 
 
-def separator_hint(table: TableFile, columns: list[str]) -> str:
-    """Where a CSV header was read as one column holding another separator: a note that names both."""
+def separator_hint(table: TableFile, columns: list[str], flag: str = "--sep") -> str:
+    """Where a CSV header was read as one column holding another separator: a note that names both, and the
+    command-line option that sets it."""
     if table.kind != "csv" or len(columns) != 1:
         return ""
     others = [c for c in (",", "\t", ";", "|") if c in columns[0] and c != table.sep]
@@ -330,7 +345,8 @@ def separator_hint(table: TableFile, columns: list[str]) -> str:
     def shown(c: str | None) -> str:
         return "TAB" if c == "\t" else repr(c)
     return (f" (the header was read as one column: it is separated by {shown(others[0])}, not "
-            f"{shown(table.sep)}; check the separator)")
+            f"{shown(table.sep)}; give it with {flag} {'tab' if others[0] == chr(9) else repr(others[0])}, "
+            "or sep= from Python)")
 
 
 def read_diginetica(path: Path, name: str | None = None) -> RawDataset:

@@ -5,7 +5,10 @@
 
 Negatives that are the same item as the positive (`ids`) are removed from the
 softmax (logit -inf): a user who buys the same item as another user is not a
-negative for them. Written with `cross_entropy` (a log-sum-exp), never exp then log.
+negative for them. With item ids, the in-batch loss is computed over the batch's
+distinct items, each key once with its count (`info_nce_items`), the same loss
+at a fraction of the (M, M) cost when M positions hold few distinct items.
+Written with `cross_entropy` (a log-sum-exp), never exp then log.
 q, k (M, D) are expected L2-normalised; Q (K, D) the queued keys.
 """
 
@@ -23,36 +26,56 @@ def info_nce_in_batch(q: torch.Tensor, k: torch.Tensor, temperature: float,
                       history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Row i's positive is k_i; every k_j (j != i) is a negative unless ids[j] == ids[i].
 
-    `history` = (x, v, z) (seqrec.nn.history, needs `ids`): each row's own history items x (M, L; 0 =
-    none) are candidates too, each distinct item once with its logit z / τ plus the offsets v of its
-    occurrences; an in-batch key of one of them is dropped (the history candidate stands for it), and a
-    positive that is in the history gets its offsets. So the offsets learn how often users come back."""
-    logits = (q @ k.T).float() / temperature  # (M, M)
+    With `ids`, the keys of one item are taken to be one vector (the first row's stands for it): see
+    `info_nce_items`, which this calls, and which `history` needs."""
+    if ids is None:
+        logits = (q @ k.T).float() / temperature  # (M, M)
+        return F.cross_entropy(logits, torch.arange(len(q), device=q.device))
+    items, column = torch.unique(ids, return_inverse=True)
+    first = torch.full((len(items),), len(ids), dtype=torch.long, device=ids.device)
+    first.scatter_reduce_(0, column, torch.arange(len(ids), device=ids.device), "amin")
+    return info_nce_items(q, k[first], items, column, temperature, history)
+
+
+def info_nce_items(q: torch.Tensor, keys: torch.Tensor, items: torch.Tensor, column: torch.Tensor,
+                   temperature: float,
+                   history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """In-batch InfoNCE over the batch's distinct items: row i's positive is item items[column[i]], whose key
+    is keys[column[i]] ((U, D), one per distinct item); every other item of the batch is a negative, as many
+    times as it is a row's positive (its log count is added to its logit), so the loss is the (M, M) one with
+    each row's own key as positive and the rows of the same item left out, at (M, U) cost: a batch of long
+    histories has many positions (M) but few distinct items (U).
+
+    `history` = (x, v, z) (seqrec.nn.history): each row's own history items x (M, L; 0 = none) are
+    candidates too, each distinct item once with its logit z / τ plus the offsets v of its occurrences;
+    an in-batch key of one of them is dropped (the history candidate stands for it), and a positive that
+    is in the history gets its offsets. So the offsets learn how often users come back."""
     m = len(q)
-    eye = torch.eye(m, dtype=torch.bool, device=q.device)
-    if ids is not None:
-        logits = logits.masked_fill((ids[:, None] == ids[None, :]) & ~eye, -torch.inf)
+    rows = torch.arange(m, device=q.device)
+    own = torch.zeros(m, len(items), dtype=torch.bool, device=q.device)
+    own[rows, column] = True
+    counts = torch.bincount(column, minlength=len(items)).float()
+    logits = (q @ keys.T).float() / temperature + torch.where(own, 0.0, counts.log()[None, :])  # (M, U)
     if history is not None:
-        assert ids is not None, "history candidates need the item ids"
-        logits = torch.cat([*_with_history_candidates(logits, ids, *history, temperature, eye)], dim=1)
-    return F.cross_entropy(logits, torch.arange(m, device=q.device))
+        logits = torch.cat([*_with_history_candidates(logits, items, column, own, *history, temperature)], dim=1)
+    return F.cross_entropy(logits, column)
 
 
-def _with_history_candidates(logits: torch.Tensor, ids: torch.Tensor, x: torch.Tensor, v: torch.Tensor,
-                             z: torch.Tensor, temperature: float, eye: torch.Tensor
+def _with_history_candidates(logits: torch.Tensor, items: torch.Tensor, column: torch.Tensor, own: torch.Tensor,
+                             x: torch.Tensor, v: torch.Tensor, z: torch.Tensor, temperature: float
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(in-batch logits with history items dropped and positives offset, (M, L) history candidates)."""
+    """(in-batch logits (M, U) with history items dropped and positives offset, (M, L) history candidates)."""
     valid = x != 0
     total, first = distinct_offsets(x, v)  # one candidate per distinct history item, all its offsets
-    is_target = x == ids[:, None]
+    is_target = x == items[column][:, None]
     candidates = (z.float() / temperature + total.float()).masked_fill(~first | is_target, -torch.inf)
-    uniq, inverse = torch.unique(torch.cat([ids, x.flatten()]), return_inverse=True)
-    column, row_items = inverse[: len(ids)], inverse[len(ids):].view_as(x)
-    member = torch.zeros(len(ids), len(uniq), dtype=torch.bool, device=x.device)
+    uniq, inverse = torch.unique(torch.cat([items, x.flatten()]), return_inverse=True)
+    key_column, row_items = inverse[: len(items)], inverse[len(items):].view_as(x)
+    member = torch.zeros(len(x), len(uniq), dtype=torch.bool, device=x.device)
     member.scatter_(1, row_items, valid)  # padding has a column of its own, never set
-    in_history = member[:, column] & ~eye  # (M, M): row i's history holds column j's item
+    in_history = member[:, key_column] & ~own  # (M, U): row i's history holds item u
     positive = (v * is_target).sum(1).float()  # a positive the user had before: its offsets
-    return logits.masked_fill(in_history, -torch.inf) + torch.diag(positive), candidates
+    return logits.masked_fill(in_history, -torch.inf) + torch.where(own, positive[:, None], 0.0), candidates
 
 
 def info_nce_queue(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float,

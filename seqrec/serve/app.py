@@ -81,6 +81,9 @@ def _validation_message(exc: RequestValidationError) -> str:
             parts.append(f"body: malformed JSON at character {at}" + (f" ({why})" if why else ""))
             continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        if err.get("type") in ("too_short", "string_too_short") and err.get("input") == "":
+            parts.append(f"{where or 'body'}: empty; give at least one character")  # not pydantic's "1 item"
+            continue
         parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
 
@@ -240,7 +243,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         _writable(catalogue_writable)
         texts = {it.id: it.text for it in req.items}
         if len(texts) != len(req.items):
-            raise SeqrecError("the same item id is given more than once")
+            again = next(it.id for i, it in enumerate(req.items) if any(o.id == it.id for o in req.items[:i]))
+            raise SeqrecError(f"item id {again!r} is given more than once")
         added, replaced = rec.add_items(texts, {it.id: it.title for it in req.items if it.title is not None})
         return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
 

@@ -37,7 +37,7 @@ from seqrec.data.io import write_json_atomic
 from seqrec.data.text import text_embeddings
 from seqrec.errors import SeqrecError
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
-from seqrec.nn.contrastive import KeyQueue, info_nce_in_batch, info_nce_queue, momentum_update
+from seqrec.nn.contrastive import KeyQueue, info_nce_in_batch, info_nce_items, info_nce_queue, momentum_update
 from seqrec.train.checkpoint import save_checkpoint
 from seqrec.train.loop import peak_rss_mb, seed_everything
 
@@ -183,10 +183,11 @@ class Pretrainer:
         q_item = F.normalize(q_item, dim=-1)
         q_seq = F.normalize(h[:, -1], dim=-1)
         view = drop_items(batch.items, self.cfg.item_drop)
-        if self.key_model is None:
-            k_item = F.normalize(model.embed_items(target), dim=-1)
+        if self.key_model is None:  # one key per distinct item: long histories repeat few items many times
+            items, column = torch.unique(target, return_inverse=True)
+            k_item = F.normalize(model.embed_items(items), dim=-1)
             k_seq = F.normalize(model.hidden(view, text=self.aug)[:, -1], dim=-1)
-            return (info_nce_in_batch(q_item, k_item, self.tau, ids=target, history=self.history_rows(batch, h)),
+            return (info_nce_items(q_item, k_item, items, column, self.tau, history=self.history_rows(batch, h)),
                     info_nce_in_batch(q_seq, k_seq, self.tau))
         with torch.no_grad():
             k_item = F.normalize(self.key_model.embed_items(target), dim=-1)
@@ -259,20 +260,22 @@ def pretrain(cfg: PretrainConfig, model_cfg: UniSRecConfig, run_dir: Path, recip
     return results
 
 
-PROGRESS_EVERY = 200  # steps between the log lines of an epoch
+PROGRESS_S = 60.0  # seconds between the log lines of an epoch
 
 
 def train_epochs(trainer: Pretrainer, opt: torch.optim.Optimizer, batches: TrainBatches, cfg: PretrainConfig,
                  run_dir: Path) -> list[dict[str, Any]]:
     model, history, steps, start = trainer.model, [], 0, time.perf_counter()
+    said = start
     (run_dir / "metrics.jsonl").write_text("")
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         sums, n, seqs, targets, t0 = np.zeros(2), 0, 0, 0, time.perf_counter()
         for batch in tqdm(batches, desc=f"pretrain {epoch}", disable=None if cfg.progress else True, leave=False):
-            if n and n % PROGRESS_EVERY == 0:  # a line now and then, where no progress bar shows (a log file)
+            if n and time.perf_counter() - said > PROGRESS_S:  # a line now and then, where no bar shows (a log)
+                said = time.perf_counter()
                 log.info("pretrain epoch %d: %d steps, loss %.4f so far, %.0f s", epoch, n,
-                         (sums[0] + cfg.lam * sums[1]) / n, time.perf_counter() - start)
+                         (sums[0] + cfg.lam * sums[1]) / n, said - start)
             si, ss = trainer.losses(batch)
             loss = si + cfg.lam * ss
             opt.zero_grad(set_to_none=True)
