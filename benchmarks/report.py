@@ -26,7 +26,7 @@ from typing import Any
 
 from common import RESULTS, ROOT, median_run
 from common import load_result as load
-from report_cost import cuda, ddp_scaling, eval_cost, scale, text_encoding, train_throughput
+from report_cost import cuda, ddp_scaling, eval_cost, pretrain_loss, scale, text_encoding, train_throughput
 from report_peers import item2vec_gensim, speed, zoo_vs_recbole
 from report_quality import features, losses, output_layer, positions, sasrec_quality, unisrec, unisrec_sampled, zoo
 from report_serving import batch_recommend, retrieval, serve_load
@@ -66,6 +66,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("output_layer.json", output_layer),
     ("data_efficiency_*.json", data_efficiency),
     ("transfer_probe_*.json", transfer_probe),
+    ("pretrain_loss.json", pretrain_loss),
     ("scale.json", scale),
     ("train_throughput.json", train_throughput),
     ("tune_*.json", tune),
@@ -82,7 +83,8 @@ RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", 
                 "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
                 "batch_recommend.json",
-                "data_efficiency_*.json", "transfer_probe_*.json", "scale.json", "train_throughput.json", "tune_*.json",
+                "data_efficiency_*.json", "transfer_probe_*.json", "pretrain_loss.json", "scale.json",
+                "train_throughput.json", "tune_*.json",
                 "cuda_check.json", "ddp_scaling.json", "defaults.json", "defaults_candidate_*.json",
                 "auto_decisions.json", "history_bias.json", "encoders_*.json")
 START, END = "<!-- results:start -->", "<!-- results:end -->"

@@ -261,3 +261,24 @@ def ddp_scaling(d: dict[str, Any]) -> list[str]:
                    [[name, num(r["median_epoch_s"], 2), num(r["speedup_vs_1_thread"], 2, "×"),
                      num(r["median_targets_per_s"]), f4(r["test"]["recall@10"]), f4(r["test"]["ndcg@10"])]
                     for name, r in d["rows"].items()])]
+
+
+def pretrain_loss(d: dict[str, Any]) -> list[str]:
+    """Pre-training's in-batch loss over the batch's distinct items against the one over every target's key."""
+    before, after = "every target (before)", "distinct items"
+    intro = (f"The step of `configs/pretrain.toml` (every position predicts its next item, batch "
+             f"{d['recipe']['pretrain']['batch_size']}, d {d['recipe']['model']['d']}) on each domain alone, "
+             f"{d['threads']} threads: the in-batch item loss against every target's key, an (M, M) matrix for M "
+             "targets with the same item's other rows masked (the code before), and against the batch's distinct "
+             "items, each once with its log count (`seqrec.nn.contrastive.info_nce_items`), the same loss at "
+             "(M, U) cost. Step: median of the timed steps; peak RSS: each variant's own process; loss "
+             "difference: the largest between the two on the same batches and weights. Script: "
+             f"`benchmarks/pretrain_loss.py`; file: `results/pretrain_loss.json`; command: `{d['command']}`.")
+    rows = [[r["domain"], num(r[after]["targets_per_batch"]), num(r[after]["distinct_items_per_batch"]),
+             num(r[before]["step_ms"]), num(r[after]["step_ms"]), num(r["speed_up"], 2, " ×"),
+             num(r[before]["peak_rss_mb"]), num(r[after]["peak_rss_mb"]), f"{r['max_loss_difference']:.1e}"]
+            for r in d["rows"]]
+    return ["## Pre-training: the in-batch loss over the batch's distinct items", "", intro, "",
+            *table(["domain", "targets / batch (M)", "distinct items / batch (U)", "step ms, every target",
+                    "step ms, distinct items", "speed-up", "peak RSS MB, every target", "peak RSS MB, distinct items",
+                    "loss difference"], rows)]

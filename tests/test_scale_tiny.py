@@ -109,3 +109,15 @@ def test_ddp_scaling_tiny(tmp_path: Path) -> None:
     for row in result["rows"].values():
         assert row["epochs_run"] == 2 and row["median_epoch_s"] > 0 and row["speedup_vs_1_thread"] > 0
         assert 0 < row["test"]["ndcg@10"] <= 1
+
+
+def test_pretrain_loss_tiny(tmp_path: Path) -> None:
+    """The distinct-items loss and the loss over every target's key (the code it replaced) agree on the same
+    batches and weights, and each variant's step is timed in its own process."""
+    out = tmp_path / "pretrain_loss.json"
+    run_benchmark("pretrain_loss.py", "--tiny", "--steps", "1", "--warmup", "0", "--out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["max_loss_difference"] < 1e-5
+    for variant in ("distinct items", "every target (before)"):
+        assert row[variant]["step_ms"] > 0 and row[variant]["peak_rss_mb"] > 0
+        assert row[variant]["targets_per_batch"] > row[variant]["distinct_items_per_batch"] > 0

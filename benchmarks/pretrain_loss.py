@@ -1,0 +1,197 @@
+"""Pre-training's in-batch loss over the batch's distinct items against the loss over every target's key.
+
+`seqrec pretrain` (configs/pretrain.toml: every position predicts its next item, batch 256) scores each
+target against the batch's distinct items, each once with its log count (`seqrec.nn.contrastive.
+info_nce_items`). Before, it scored each target against every other target's key, an (M, M) matrix
+for M targets, the same item's other rows masked (`dense_loss` below, the code it replaced). The two
+are the same loss when the rows of one item share its key, as they do (the adaptor runs over the
+item table once per step).
+
+For each domain, one process per variant (so each has its own peak RSS) runs the recipe's step on the
+recipe's batches: `--warmup` steps, then `--steps` timed ones (median). A third pass in one process
+computes both losses on the same batches and weights and records their largest difference.
+
+    python benchmarks/pretrain_loss.py [--datasets ml-100k amazon-games-2018 yelp-p5] [--steps 8]
+    python benchmarks/pretrain_loss.py --tiny        # generated data, for the test suite
+
+Writes results/pretrain_loss.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, ROOT, machine, prepared, write_result
+
+from seqrec.config import load_toml
+from seqrec.data.batching import TrainBatches
+from seqrec.data.dataset import PreparedDataset
+from seqrec.models.unisrec import UniSRec, UniSRecConfig
+from seqrec.nn.contrastive import _with_history_candidates, info_nce_in_batch
+from seqrec.train.pretrain import PretrainConfig, Pretrainer, join_domains
+
+VARIANTS = ("distinct items", "every target (before)")
+
+
+def dense_loss(q: torch.Tensor, k: torch.Tensor, temperature: float, ids: torch.Tensor,
+               history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The loss as it was: (M, M) logits against every target's key, the same item's other rows masked.
+    Written here with the library's history candidates over M columns (each row its own item's column)."""
+    logits = (q @ k.T).float() / temperature
+    m = len(q)
+    eye = torch.eye(m, dtype=torch.bool, device=q.device)
+    logits = logits.masked_fill((ids[:, None] == ids[None, :]) & ~eye, -torch.inf)
+    if history is not None:
+        rows = torch.arange(m, device=q.device)
+        logits = torch.cat([*_with_history_candidates(logits, ids, rows, eye, *history, temperature)], dim=1)
+    return F.cross_entropy(logits, torch.arange(m, device=q.device))
+
+
+def dense_losses(trainer: Pretrainer, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Pretrainer.losses` (in-batch negatives) with the item loss over every target's key."""
+    from seqrec.train.pretrain import drop_items
+
+    model = trainer.model
+    h = model.hidden(batch.items)
+    q_item, target = trainer.positives(batch, h)
+    q_item = F.normalize(q_item, dim=-1)
+    q_seq = F.normalize(h[:, -1], dim=-1)
+    view = drop_items(batch.items, trainer.cfg.item_drop)
+    k_item = F.normalize(model.embed_items(target), dim=-1)
+    k_seq = F.normalize(model.hidden(view, text=trainer.aug)[:, -1], dim=-1)
+    return (dense_loss(q_item, k_item, trainer.tau, target, trainer.history_rows(batch, h)),
+            info_nce_in_batch(q_seq, k_seq, trainer.tau))
+
+
+def recipe(paths: list[str]) -> tuple[PretrainConfig, UniSRecConfig]:
+    raw = load_toml(ROOT / "configs" / "pretrain.toml")
+    model = {k: v for k, v in raw["model"].items() if k != "name"}
+    pre = {**raw["pretrain"], "datasets": paths, "threads": 0, "progress": False}
+    return PretrainConfig(**pre), UniSRecConfig(**model)
+
+
+def setup_trainer(paths: list[str]) -> tuple[Pretrainer, torch.optim.Optimizer, TrainBatches]:
+    cfg, model_cfg = recipe(paths)
+    torch.manual_seed(cfg.seed)
+    domains = join_domains([PreparedDataset.load(Path(p)) for p in paths], model_cfg)
+    model = UniSRec(model_cfg, domains.data.n_items, cfg.max_len, domains.text)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    return Pretrainer(model, cfg, domains.text_word_drop), opt, TrainBatches(domains.data, cfg.max_len,
+                                                                              cfg.batch_size, cfg.seed)
+
+
+def endless(batches: TrainBatches) -> Iterator[Any]:
+    """Epoch after epoch (a small domain has fewer batches than the steps timed)."""
+    while True:
+        yield from batches
+
+
+def time_variant(paths: list[str], variant: str, warmup: int, steps: int) -> dict[str, Any]:
+    """One variant's median step time and this process's peak RSS (run in a process of its own)."""
+    trainer, opt, batches = setup_trainer(paths)
+    losses = dense_losses if variant == VARIANTS[1] else None
+    times, targets, distinct = [], [], []
+    with mock.patch.object(Pretrainer, "losses", losses) if losses else contextlib.nullcontext():
+        for i, batch in enumerate(endless(batches)):
+            if i == warmup + steps:
+                break
+            t0 = time.perf_counter()
+            si, ss = trainer.losses(batch)
+            loss = si + trainer.cfg.lam * ss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+                keep = batch.targets != 0
+                targets.append(int(keep.sum()))
+                distinct.append(int(torch.unique(batch.targets[keep]).numel()))
+    return {"step_ms": 1000 * statistics.median(times), "targets_per_batch": statistics.median(targets),
+            "distinct_items_per_batch": statistics.median(distinct),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def loss_difference(paths: list[str], batches_n: int) -> float:
+    """The largest |distinct-items loss - every-target loss| over the first batches, same weights."""
+    trainer, _, batches = setup_trainer(paths)
+    trainer.model.eval()  # no dropout: the two passes see the same network
+    worst = 0.0
+    with torch.no_grad():
+        for i, batch in enumerate(endless(batches)):
+            if i == batches_n:
+                break
+            gen = torch.random.get_rng_state()
+            new = trainer.losses(batch)
+            torch.random.set_rng_state(gen)  # the same item drop in the sequence view
+            old = dense_losses(trainer, batch)
+            worst = max(worst, *(abs(float(a) - float(b)) for a, b in zip(new, old, strict=True)))
+    return worst
+
+
+def tiny_paths(folder: Path) -> list[str]:
+    from seqrec.data.prepare import PrepareOptions, prepare
+    from seqrec.data.synthetic import LogShape, generated_dataset
+
+    shape = LogShape(n_interactions=3600, n_users=120, n_items=60, seed=3)  # items' text: "item <id>"
+    data = prepare(generated_dataset(shape), PrepareOptions(), folder / "tiny")
+    return [str(data.path)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", nargs="+", default=["ml-100k", "amazon-games-2018", "yelp-p5"])
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS / "pretrain_loss.json")
+    ap.add_argument("--child", nargs=2, metavar=("PATHS_JSON", "VARIANT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(time_variant(json.loads(args.child[0]), args.child[1], args.warmup, args.steps)))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        domains = {"generated": tiny_paths(Path(scratch))} if args.tiny else {
+            name: [str(prepared(name).path)] for name in args.datasets}
+        for name, paths in domains.items():
+            row: dict[str, Any] = {"domain": name}
+            for variant in VARIANTS:
+                cmd = [sys.executable, __file__, "--child", json.dumps(paths), variant, "--warmup",
+                       str(args.warmup), "--steps", str(args.steps)]
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                row[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+                print(name, variant, row[variant], flush=True)
+            row["speed_up"] = row[VARIANTS[1]]["step_ms"] / row[VARIANTS[0]]["step_ms"]
+            row["max_loss_difference"] = loss_difference(paths, 3)
+            rows.append(row)
+    cfg, model_cfg = recipe([])
+    write_result(args.out, {
+        "machine": machine(), "tiny": args.tiny, "threads": torch.get_num_threads(),
+        "recipe": {"pretrain": dataclasses.asdict(cfg) | {"datasets": "each domain alone"},
+                   "model": dataclasses.asdict(model_cfg)},
+        "setup": f"configs/pretrain.toml's step on each domain alone, {args.warmup} warm-up + {args.steps} timed "
+                 "steps (median), one process per variant (its peak RSS)",
+        "command": "python benchmarks/pretrain_loss.py " + " ".join(sys.argv[1:]),
+        "rows": rows})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
