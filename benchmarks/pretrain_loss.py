@@ -4,8 +4,8 @@
 target against the batch's distinct items, each once with its log count (`seqrec.nn.contrastive.
 info_nce_items`). Before, it scored each target against every other target's key, an (M, M) matrix
 for M targets, the same item's other rows masked (`dense_loss` below, the code it replaced). The two
-are the same loss when the rows of one item share its key, as they do (the adaptor runs over the
-item table once per step).
+are the same loss when the rows of one item share its key, as they do (`UniSRec.embed_items` runs the
+adaptor once per distinct item of a call, dropout included).
 
 For each domain, one process per variant (so each has its own peak RSS) runs the recipe's step on the
 recipe's batches: `--warmup` steps, then `--steps` timed ones (median). A third pass in one process
