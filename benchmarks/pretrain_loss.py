@@ -9,7 +9,8 @@ adaptor once per distinct item of a call, dropout included).
 
 For each domain, one process per variant (so each has its own peak RSS) runs the recipe's step on the
 recipe's batches: `--warmup` steps, then `--steps` timed ones (median). A third pass in one process
-computes both losses on the same batches and weights and records their largest difference.
+computes both losses and their gradients on the same batches, weights and random draws (training mode)
+and records their largest differences.
 
     python benchmarks/pretrain_loss.py [--datasets ml-100k amazon-games-2018 yelp-p5] [--steps 8]
     python benchmarks/pretrain_loss.py --tiny        # generated data, for the test suite
@@ -128,20 +129,29 @@ def time_variant(paths: list[str], variant: str, warmup: int, steps: int) -> dic
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def loss_difference(paths: list[str], batches_n: int) -> float:
-    """The largest |distinct-items loss - every-target loss| over the first batches, same weights."""
+def differences(paths: list[str], batches_n: int) -> dict[str, float]:
+    """The largest |distinct-items - every-target| difference of the losses and of their gradients (relative
+    to the largest gradient entry) over the first batches: same weights, training mode (dropout, item drop)
+    with the random state reset between the two, so both see the same draws."""
     trainer, _, batches = setup_trainer(paths)
-    trainer.model.eval()  # no dropout: the two passes see the same network
-    worst = 0.0
-    with torch.no_grad():
-        for i, batch in enumerate(endless(batches)):
-            if i == batches_n:
-                break
-            gen = torch.random.get_rng_state()
-            new = trainer.losses(batch)
-            torch.random.set_rng_state(gen)  # the same item drop in the sequence view
-            old = dense_losses(trainer, batch)
-            worst = max(worst, *(abs(float(a) - float(b)) for a, b in zip(new, old, strict=True)))
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    worst = {"loss": 0.0, "gradient": 0.0}
+    for i, batch in enumerate(endless(batches)):
+        if i == batches_n:
+            break
+        state = torch.random.get_rng_state()
+        got = []
+        for losses in (trainer.losses, lambda b: dense_losses(trainer, b)):
+            torch.random.set_rng_state(state)
+            si, ss = losses(batch)
+            loss = si + trainer.cfg.lam * ss
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            got.append((float(loss), torch.cat([torch.zeros(p.numel()) if g is None else g.flatten()
+                                                for p, g in zip(params, grads, strict=True)])))
+        (new, g_new), (old, g_old) = got
+        worst["loss"] = max(worst["loss"], abs(new - old))
+        scale = float(g_old.abs().max()) or 1.0
+        worst["gradient"] = max(worst["gradient"], float((g_new - g_old).abs().max()) / scale)
     return worst
 
 
@@ -179,7 +189,8 @@ def main() -> None:
                 row[variant] = json.loads(done.stdout.strip().splitlines()[-1])
                 print(name, variant, row[variant], flush=True)
             row["speed_up"] = row[VARIANTS[1]]["step_ms"] / row[VARIANTS[0]]["step_ms"]
-            row["max_loss_difference"] = loss_difference(paths, 3)
+            diff = differences(paths, 3)
+            row["max_loss_difference"], row["max_gradient_difference"] = diff["loss"], diff["gradient"]
             rows.append(row)
     cfg, model_cfg = recipe([])
     write_result(args.out, {

@@ -271,14 +271,16 @@ def pretrain_loss(d: dict[str, Any]) -> list[str]:
              f"{d['threads']} threads: the in-batch item loss against every target's key, an (M, M) matrix for M "
              "targets with the same item's other rows masked (the code before), and against the batch's distinct "
              "items, each once with its log count (`seqrec.nn.contrastive.info_nce_items`), the same loss at "
-             "(M, U) cost. Step: median of the timed steps; peak RSS: each variant's own process; loss "
-             "difference: the largest between the two on the same batches and weights. Script: "
+             "(M, U) cost. Step: median of the timed steps; peak RSS: each variant's own process; loss and "
+             "gradient difference: the largest between the two on the same batches, weights and random draws "
+             "(the gradient's relative to its largest entry). Script: "
              f"`benchmarks/pretrain_loss.py`; file: `results/pretrain_loss.json`; command: `{d['command']}`.")
     rows = [[r["domain"], num(r[after]["targets_per_batch"]), num(r[after]["distinct_items_per_batch"]),
              num(r[before]["step_ms"]), num(r[after]["step_ms"]), num(r["speed_up"], 2, " ×"),
-             num(r[before]["peak_rss_mb"]), num(r[after]["peak_rss_mb"]), f"{r['max_loss_difference']:.1e}"]
+             num(r[before]["peak_rss_mb"]), num(r[after]["peak_rss_mb"]), f"{r['max_loss_difference']:.1e}",
+             f"{r['max_gradient_difference']:.1e}"]
             for r in d["rows"]]
     return ["## Pre-training: the in-batch loss over the batch's distinct items", "", intro, "",
             *table(["domain", "targets / batch (M)", "distinct items / batch (U)", "step ms, every target",
                     "step ms, distinct items", "speed-up", "peak RSS MB, every target", "peak RSS MB, distinct items",
-                    "loss difference"], rows)]
+                    "loss difference", "gradient difference"], rows)]

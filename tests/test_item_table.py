@@ -154,6 +154,35 @@ def test_columns_named_like_seqrecs_own_keep_each_items_text(tmp_path: Path,
                     strict=True))["a"] == "2"
 
 
+def test_reserved_names_stay_free_of_the_users_own_and_of_recboles(tmp_path: Path) -> None:
+    """`idx` beside an `idx_field` of the user's crashed in polars; a RecBole .item field named `idx` became
+    `idx_right` in prepare's join."""
+    path = tmp_path / "items.csv"
+    path.write_text("sku,idx,idx_field,title\na,1,x,Alpha\n")
+    assert read_item_table(path, "sku").frame.columns == ["item", "idx_field_field", "idx_field", "title"]
+    (tmp_path / "toy.inter").write_text("user_id:token\titem_id:token\nu1\ti1\nu1\ti2\nu1\ti1\n")
+    (tmp_path / "toy.item").write_text("item_id:token\tidx:token\ttitle:token_seq\ni1\t7\tOne\ni2\t8\tTwo\n")
+    from seqrec.data.readers import read_recbole
+
+    raw = read_recbole(tmp_path / "toy")
+    assert raw.items is not None and raw.items.frame.columns == ["item", "idx_field", "title"]
+    data = prepare(raw, PrepareOptions(), tmp_path / "ds")
+    assert dict(zip(data.item_table["item"].to_list(), data.item_table["idx_field"].to_list(), strict=True)) == {
+        "i1": "7", "i2": "8"}
+
+
+def test_items_without_text_are_counted_as_the_text_models_read_them(tmp_path: Path) -> None:
+    """Without a template, the models read the default text fields (title, categories, brand, description):
+    an item with only a price has no text, and a table with no such field has none for any item."""
+    raw = read_table(write_log(tmp_path), "uid", "sku", "ts")
+    priced = tmp_path / "priced.csv"
+    priced.write_text("sku,price,title\na,1,Alpha\nb,2,\nc,3,Gamma\n")
+    assert join_item_table(raw, read_item_table(priced, "sku")).catalogue["table_items_without_text"] == 1
+    named = tmp_path / "named.csv"
+    named.write_text("sku,name\na,Alpha\nb,Beta\nc,Gamma\n")
+    assert join_item_table(raw, read_item_table(named, "sku")).catalogue["table_items_without_text"] == 3
+
+
 @pytest.mark.parametrize(("content", "read", "match"), [
     ("sku,title,title\na,A,B\n", "items", r"bad.csv: column 'title' appears twice in the header"),
     ("uid,sku,sku\nu1,a,b\n", "log", r"bad.csv: column 'sku' appears twice"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from seqrec.data.item_text import AUTO_MISSING_SHARE, check_template, item_texts
+from seqrec.data.item_text import AUTO_MISSING_SHARE, TEXT_FIELDS, check_template, item_texts
 from seqrec.data.readers_table import TableFile, separator_hint
 from seqrec.data.readers_values import id_strings
 from seqrec.data.types import ItemTable, RawDataset
@@ -52,16 +52,26 @@ def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | N
         raise SeqrecError(f"{table.row_label(again)}: item id {keys[first]!r} in column {item_key!r} "
                           f"repeats {table.row_label(first).rsplit(', ', 1)[1]}; an item table needs one row per item")
     fields = [_as_text(frame[c]) for c in columns if c != item_key]
-    renamed = []
-    for field in fields:  # names prepare uses itself: the id and the item index
-        if field.name in RESERVED_FIELDS:
-            log.warning("%s: column %r is kept as item field %r (%r is seqrec's own)", table.path, field.name,
-                        f"{field.name}_field", field.name)
-            field = field.rename(f"{field.name}_field")
-        renamed.append(field)
-    out = pl.DataFrame([keys.rename("item"), *renamed])
+    names = free_field_names([f.name for f in fields], str(table.path))
+    out = pl.DataFrame([keys.rename("item"), *(f.rename(names.get(f.name, f.name)) for f in fields)])
     log.debug("read item table %s: %d items, fields %s", table.path, out.height, ", ".join(out.columns[1:]))
     return ItemTable(out, str(table.path))
+
+
+def free_field_names(fields: list[str], where: str) -> dict[str, str]:
+    """New names for the item fields named like the columns prepare makes itself (`item`, `idx`): the name
+    with `_field` appended, as often as it takes to be free; each rename logged."""
+    taken = {*fields, *RESERVED_FIELDS}
+    out = {}
+    for name in fields:
+        if name in RESERVED_FIELDS:
+            new = f"{name}_field"
+            while new in taken:
+                new += "_field"
+            taken.add(new)
+            out[name] = new
+            log.warning("%s: column %r is kept as item field %r (%r is seqrec's own)", where, name, new, name)
+    return out
 
 
 def _as_text(values: pl.Series) -> pl.Series:
@@ -92,8 +102,10 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
     textless = _without_text(frame)
     if textless.len():
         shown = ", ".join(repr(v) for v in textless.head(3).to_list())
-        log.warning("%s: %d of the table's %d items have empty text (e.g. %s); their text follows the model's "
-                    "text_missing policy", table.source, textless.len(), frame.height, shown)
+        log.warning("%s: %d of the table's %d items have empty text (e.g. %s)%s; their text follows the model's "
+                    "text_missing policy", table.source, textless.len(), frame.height, shown,
+                    "" if template else f" in the default text fields ({', '.join(TEXT_FIELDS)}; a "
+                    "--text-template names others)")
     logged = raw.interactions.frame["item"].unique()
     known = frame["item"].is_in(logged.implode())
     unmatched = logged.filter(~logged.is_in(frame["item"].implode()))
@@ -120,10 +132,6 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
 
 
 def _without_text(frame: pl.DataFrame) -> pl.Series:
-    """The ids of the table's items with no text: an empty `text` field, or no field at all without one."""
-    if "text" in frame.columns:
-        return frame.filter(pl.col("text").is_null())["item"]
-    fields = [c for c in frame.columns if c != "item"]
-    if not fields:
-        return frame["item"].head(0)
-    return frame.filter(pl.all_horizontal(pl.col(c).is_null() for c in fields))["item"]
+    """The ids of the table's items with no text, as the text models read it (`item_texts`: the `text`
+    field, else the default text fields)."""
+    return frame.filter(pl.Series([t is None for t in item_texts(frame)]))["item"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
+from seqrec.data.item_table import free_field_names
 from seqrec.data.readers_io import check_time_range, make_dataset, read_lines, split_fields, to_float
 from seqrec.data.types import RawDataset
 from seqrec.errors import SeqrecError
@@ -135,13 +136,18 @@ def _read_items(path: Path, item_field: str = "item_id") -> pl.DataFrame:
     names = {**_ITEM_RENAME, item_field: "item"}
     if item_field != "item_id":
         names.pop("item_id")
-    exprs = []
+    targets = {}
     taken = {f for f in types if names.get(f, f) == f}
-    for field, kind in types.items():
+    for field in types:
         target = names.get(field, field)
         if target != field:
             target = field if target in taken else target
             taken.add(target)
+        targets[field] = target
+    free = free_field_names([t for f, t in targets.items() if f != item_field], str(path))  # `item`, `idx`: ours
+    exprs = []
+    for field, kind in types.items():
+        target = targets[field] if field == item_field else free.get(targets[field], targets[field])
         col = pl.col(field).str.strip_chars()
         if target == "categories" and kind == "token_seq":
             col = col.str.replace_all(r"\s+", ", ")

@@ -243,8 +243,11 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         _writable(catalogue_writable)
         texts = {it.id: it.text for it in req.items}
         if len(texts) != len(req.items):
-            again = next(it.id for i, it in enumerate(req.items) if any(o.id == it.id for o in req.items[:i]))
-            raise SeqrecError(f"item id {again!r} is given more than once")
+            seen: set[str] = set()
+            for it in req.items:
+                if it.id in seen:
+                    raise SeqrecError(f"item id {it.id!r} is given more than once")
+                seen.add(it.id)
         added, replaced = rec.add_items(texts, {it.id: it.title for it in req.items if it.title is not None})
         return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
 
