@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from common import RESULTS, machine, write_result
 from seqrec.config import build
 from seqrec.data.batching import Batch
 from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.train.device import peak_rss_mb
 
 CASES = {
     "sampled_softmax_uniform": {"loss": "sampled_softmax", "n_negatives": 1024},
@@ -39,26 +39,22 @@ CASES = {
 }
 
 
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def one(case: str, n_items: int, batch: int, length: int) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    start = rss_mb()
+    start = peak_rss_mb()
     cfg = build(SASRecConfig, {"name": "sasrec", **CASES[case]}, "model")
     model = SASRec(cfg, n_items, length)
     # a Zipf-like popularity so the popularity sampler has something to follow
     model.objective.set_counts((1e6 / torch.arange(1, n_items + 2).float()).numpy())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    built = rss_mb()
+    built = peak_rss_mb()
     items = torch.randint(1, n_items + 1, (batch, length + 1))
     b = Batch(items=items[:, :-1], targets=items[:, 1:])
     times = []
     for step in range(2):
         if step == 1:
-            warm = rss_mb()
+            warm = peak_rss_mb()
         t0 = time.perf_counter()
         loss = model.loss(b)
         opt.zero_grad(set_to_none=True)
@@ -67,9 +63,9 @@ def one(case: str, n_items: int, batch: int, length: int) -> dict:
         times.append(time.perf_counter() - t0)
     return {"case": case, "config": CASES[case], "n_items": n_items, "batch": batch, "max_len": length,
             "targets_per_step": batch * length, "rss_start_mb": start, "rss_after_build_mb": built,
-            "rss_after_warmup_mb": warm, "peak_rss_mb": rss_mb(), "step_peak_over_warmup_mb": rss_mb() - warm,
+            "rss_after_warmup_mb": warm, "peak_rss_mb": peak_rss_mb(), "step_peak_over_warmup_mb": peak_rss_mb() - warm,
             # the first step also allocates the gradient and Adam's two moments: 3 x the parameters
-            "steps_peak_over_build_mb": rss_mb() - built,
+            "steps_peak_over_build_mb": peak_rss_mb() - built,
             "table_mb": (n_items + 1) * cfg.d * 4 / 2**20, "step_seconds": times[1], "loss": float(loss)}
 
 

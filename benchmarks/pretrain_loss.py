@@ -7,8 +7,9 @@ for M targets, the same item's other rows masked (`dense_loss` below, the code i
 are the same loss when the rows of one item share its key, as they do (`UniSRec.embed_items` runs the
 adaptor once per distinct item of a call, dropout included).
 
-For each domain, one process per variant (so each has its own peak RSS) runs the recipe's step on the
-recipe's batches: `--warmup` steps, then `--steps` timed ones (median). A third pass in one process
+For each domain, `--repeats` processes per variant, alternating (each with its own peak RSS), run the
+recipe's step on the recipe's batches: `--warmup` steps, then `--steps` timed ones (median); the
+process of median step time is kept. A third pass in one process
 computes both losses and their gradients on the same batches, weights and random draws (training mode)
 and records their largest differences.
 
@@ -24,7 +25,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -46,6 +46,7 @@ from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
 from seqrec.nn.contrastive import _with_history_candidates, info_nce_in_batch
+from seqrec.train.device import peak_rss_mb
 from seqrec.train.pretrain import PretrainConfig, Pretrainer, join_domains
 
 VARIANTS = ("distinct items", "every target (before)")
@@ -61,7 +62,8 @@ def dense_loss(q: torch.Tensor, k: torch.Tensor, temperature: float, ids: torch.
     logits = logits.masked_fill((ids[:, None] == ids[None, :]) & ~eye, -torch.inf)
     if history is not None:
         rows = torch.arange(m, device=q.device)
-        logits = torch.cat([*_with_history_candidates(logits, ids, rows, eye, *history, temperature)], dim=1)
+        logits, candidates, positive = _with_history_candidates(logits, ids, rows, *history, temperature)
+        logits = torch.cat([logits + torch.diag(positive), candidates], dim=1)
     return F.cross_entropy(logits, torch.arange(m, device=q.device))
 
 
@@ -126,7 +128,7 @@ def time_variant(paths: list[str], variant: str, warmup: int, steps: int) -> dic
                 distinct.append(int(torch.unique(batch.targets[keep]).numel()))
     return {"step_ms": 1000 * statistics.median(times), "targets_per_batch": statistics.median(targets),
             "distinct_items_per_batch": statistics.median(distinct),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def differences(paths: list[str], batches_n: int) -> dict[str, float]:
@@ -146,7 +148,7 @@ def differences(paths: list[str], batches_n: int) -> dict[str, float]:
             si, ss = losses(batch)
             loss = si + trainer.cfg.lam * ss
             grads = torch.autograd.grad(loss, params, allow_unused=True)
-            got.append((float(loss), torch.cat([torch.zeros(p.numel()) if g is None else g.flatten()
+            got.append((loss.item(), torch.cat([torch.zeros(p.numel()) if g is None else g.flatten()
                                                 for p, g in zip(params, grads, strict=True)])))
         (new, g_new), (old, g_old) = got
         worst["loss"] = max(worst["loss"], abs(new - old))
@@ -169,6 +171,7 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "amazon-games-2018", "yelp-p5"])
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3, help="processes per variant, alternating")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", type=Path, default=RESULTS / "pretrain_loss.json")
     ap.add_argument("--child", nargs=2, metavar=("PATHS_JSON", "VARIANT"), help=argparse.SUPPRESS)
@@ -182,12 +185,17 @@ def main() -> None:
             name: [str(prepared(name).path)] for name in args.datasets}
         for name, paths in domains.items():
             row: dict[str, Any] = {"domain": name}
-            for variant in VARIANTS:
-                cmd = [sys.executable, __file__, "--child", json.dumps(paths), variant, "--warmup",
-                       str(args.warmup), "--steps", str(args.steps)]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-                row[variant] = json.loads(done.stdout.strip().splitlines()[-1])
-                print(name, variant, row[variant], flush=True)
+            measured: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            for _ in range(args.repeats):  # the variants alternate: a slow spell of the machine hits both
+                for variant in VARIANTS:
+                    cmd = [sys.executable, __file__, "--child", json.dumps(paths), variant, "--warmup",
+                           str(args.warmup), "--steps", str(args.steps)]
+                    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                    measured[variant].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                    print(name, variant, measured[variant][-1], flush=True)
+            for variant, runs in measured.items():  # the process of median step time, and every one's
+                row[variant] = {**sorted(runs, key=lambda r: r["step_ms"])[len(runs) // 2],
+                                "step_ms_runs": [r["step_ms"] for r in runs]}
             row["speed_up"] = row[VARIANTS[1]]["step_ms"] / row[VARIANTS[0]]["step_ms"]
             diff = differences(paths, 3)
             row["max_loss_difference"], row["max_gradient_difference"] = diff["loss"], diff["gradient"]
@@ -198,7 +206,8 @@ def main() -> None:
         "recipe": {"pretrain": dataclasses.asdict(cfg) | {"datasets": "each domain alone"},
                    "model": dataclasses.asdict(model_cfg)},
         "setup": f"configs/pretrain.toml's step on each domain alone, {args.warmup} warm-up + {args.steps} timed "
-                 "steps (median), one process per variant (its peak RSS)",
+                 f"steps (median), in {args.repeats} processes per variant, alternating (the one of median step "
+                 "time kept; its peak RSS its own)",
         "command": "python benchmarks/pretrain_loss.py " + " ".join(sys.argv[1:]),
         "rows": rows})
     print(f"wrote {args.out}")

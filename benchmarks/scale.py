@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from seqrec.data.dataset import PreparedDataset
 from seqrec.data.synthetic import LogShape, generate_log
 from seqrec.eval.ranking import rank_targets
 from seqrec.serve.ann import build_retriever
+from seqrec.train.device import peak_rss_mb
 from seqrec.train.loop import setup
 from seqrec.train.sparse import clip_grad_norm
 
@@ -57,7 +57,7 @@ t1 = time.perf_counter()
 prepare(raw, PrepareOptions(), Path(sys.argv[2]))
 t2 = time.perf_counter()
 print(json.dumps({"read_s": t1 - t0, "prepare_s": t2 - t1, "total_s": t2 - t0,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": peak_rss_mb()}))
 """
 
 
@@ -139,7 +139,7 @@ def run_stage(stage: str, data_path: Path, steps: int, eval_users: int) -> None:
     measure = {"epoch": lambda: measure_epoch(data, steps), "evaluation": lambda: measure_eval(data, eval_users),
                "index": lambda: measure_index(data)}[stage]
     row = measure()
-    print(json.dumps({**row, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({**row, "peak_rss_mb": peak_rss_mb()}))
 
 
 def run_size(n: int, work: Path, steps: int, eval_users: int) -> dict[str, Any]:
@@ -212,7 +212,7 @@ def main() -> None:
                             "peak_rss_note": "of each stage's own process (the prepared dataset it loads, "
                                              "torch and the other libraries included)",
                             "rows": rows,
-                            "this_process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+                            "this_process_peak_rss_mb": peak_rss_mb()})
     plot(rows, args.out.with_suffix(".png"))
 
 

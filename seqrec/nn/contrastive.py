@@ -50,21 +50,25 @@ def info_nce_items(q: torch.Tensor, keys: torch.Tensor, items: torch.Tensor, col
     candidates too, each distinct item once with its logit z / τ plus the offsets v of its occurrences;
     an in-batch key of one of them is dropped (the history candidate stands for it), and a positive that
     is in the history gets its offsets. So the offsets learn how often users come back."""
-    m = len(q)
-    rows = torch.arange(m, device=q.device)
-    own = torch.zeros(m, len(items), dtype=torch.bool, device=q.device)
-    own[rows, column] = True
-    counts = torch.bincount(column, minlength=len(items)).float()
-    logits = (q @ keys.T).float() / temperature + torch.where(own, 0.0, counts.log()[None, :])  # (M, U)
+    rows = torch.arange(len(q), device=q.device)
+    log_counts = torch.bincount(column, minlength=len(items)).float().log()
+    logits = (q @ keys.T).float() / temperature + log_counts  # (M, U): each item as often as it occurs
+    own = -log_counts[column]  # ... but a row's own item once (its other rows are the same item)
+    candidates = None
     if history is not None:
-        logits = torch.cat([*_with_history_candidates(logits, items, column, own, *history, temperature)], dim=1)
+        logits, candidates, positive = _with_history_candidates(logits, items, column, *history, temperature)
+        own = own + positive
+    logits = logits.index_put((rows, column), own, accumulate=True)
+    if candidates is not None:
+        logits = torch.cat([logits, candidates], dim=1)
     return F.cross_entropy(logits, column)
 
 
-def _with_history_candidates(logits: torch.Tensor, items: torch.Tensor, column: torch.Tensor, own: torch.Tensor,
-                             x: torch.Tensor, v: torch.Tensor, z: torch.Tensor, temperature: float
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(in-batch logits (M, U) with history items dropped and positives offset, (M, L) history candidates)."""
+def _with_history_candidates(logits: torch.Tensor, items: torch.Tensor, column: torch.Tensor, x: torch.Tensor,
+                             v: torch.Tensor, z: torch.Tensor, temperature: float
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(in-batch logits (M, U) with each row's history items dropped, its (M, L) history candidates, and the
+    (M,) offsets of its positive where the user had it before)."""
     valid = x != 0
     total, first = distinct_offsets(x, v)  # one candidate per distinct history item, all its offsets
     is_target = x == items[column][:, None]
@@ -73,9 +77,10 @@ def _with_history_candidates(logits: torch.Tensor, items: torch.Tensor, column: 
     key_column, row_items = inverse[: len(items)], inverse[len(items):].view_as(x)
     member = torch.zeros(len(x), len(uniq), dtype=torch.bool, device=x.device)
     member.scatter_(1, row_items, valid)  # padding has a column of its own, never set
-    in_history = member[:, key_column] & ~own  # (M, U): row i's history holds item u
-    positive = (v * is_target).sum(1).float()  # a positive the user had before: its offsets
-    return logits.masked_fill(in_history, -torch.inf) + torch.where(own, positive[:, None], 0.0), candidates
+    in_history = member[:, key_column]  # (M, U): row i's history holds item u ...
+    in_history[torch.arange(len(x), device=x.device), column] = False  # ... other than its positive
+    positive = (v * is_target).sum(1).float()
+    return logits.masked_fill(in_history, -torch.inf), candidates, positive
 
 
 def info_nce_queue(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float,
