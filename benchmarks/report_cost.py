@@ -271,9 +271,8 @@ def pretrain_loss(d: dict[str, Any]) -> list[str]:
              f"{d['threads']} threads: the in-batch item loss against every target's key, an (M, M) matrix for M "
              "targets with the same item's other rows masked (the code before), and against the batch's distinct "
              "items, each once with its log count (`seqrec.nn.contrastive.info_nce_items`), the same loss at "
-             "(M, U) cost. Step: median of the timed steps; peak RSS: each variant's own process; loss and "
-             "gradient difference: the largest between the two on the same batches, weights and random draws "
-             "(the gradient's relative to its largest entry). Script: "
+             f"(M, U) cost. Set-up: {d['setup']}. Loss and gradient difference: the largest between the two on "
+             "the same batches, weights and random draws (the gradient's relative to its largest entry). Script: "
              f"`benchmarks/pretrain_loss.py`; file: `results/pretrain_loss.json`; command: `{d['command']}`.")
     rows = [[r["domain"], num(r[after]["targets_per_batch"]), num(r[after]["distinct_items_per_batch"]),
              num(r[before]["step_ms"]), num(r[after]["step_ms"]), num(r["speed_up"], 2, " ×"),
