@@ -122,7 +122,7 @@ def train_run(out: Path, name: str, dataset: str, config: str | None, sets: list
     defaults) with `--set` overrides: its wall time, per-epoch medians and metrics, or its error."""
     run = out / name
     chosen = ["--config", str(ROOT / config)] if config else ["--model", str(model)]
-    cmd = seqrec_cmd("train", "--dataset", dataset, *chosen, "--out", str(run),
+    cmd = seqrec_cmd("train", "--dataset", dataset, *chosen, "--out", str(run), "--overwrite",  # a rerun replaces it
                      *[a for s in sets for a in ("--set", s)], launcher=launcher)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

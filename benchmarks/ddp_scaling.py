@@ -36,7 +36,7 @@ def main() -> None:
     fixed = ["train.device=cpu", f"train.epochs={epochs}", f"train.patience={epochs}", "train.time_budget_s=0",
              "train.progress=false"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    runs = WORK / "runs" / "ddp-scaling"
+    runs = WORK / "runs" / ("ddp-scaling-tiny" if args.tiny else "ddp-scaling")
     rows: dict[str, Any] = {
         "1 process, 1 thread": train_run(runs, "p1-t1", args.dataset, CONFIG, [*fixed, "train.threads=1"]),
         "1 process, 2 threads": train_run(runs, "p1-t2", args.dataset, CONFIG, [*fixed, "train.threads=2"]),

@@ -47,10 +47,11 @@ from seqrec.train.loop import setup
 from seqrec.train.sparse import clip_grad_norm
 
 PREPARE = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from seqrec.data.catalog import load_format
 from seqrec.data.prepare import PrepareOptions, prepare
+from seqrec.train.device import peak_rss_mb
 t0 = time.perf_counter()
 raw = load_format("parquet", Path(sys.argv[1]), user_col="user", item_col="item", time_col="timestamp")
 t1 = time.perf_counter()
