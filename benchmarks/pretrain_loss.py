@@ -45,7 +45,7 @@ from seqrec.config import load_toml
 from seqrec.data.batching import TrainBatches
 from seqrec.data.dataset import PreparedDataset
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
-from seqrec.nn.contrastive import _with_history_candidates, info_nce_in_batch
+from seqrec.nn.contrastive import _with_history_candidates
 from seqrec.train.device import peak_rss_mb
 from seqrec.train.pretrain import PretrainConfig, Pretrainer, join_domains
 
@@ -67,20 +67,19 @@ def dense_loss(q: torch.Tensor, k: torch.Tensor, temperature: float, ids: torch.
     return F.cross_entropy(logits, torch.arange(m, device=q.device))
 
 
-def dense_losses(trainer: Pretrainer, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Pretrainer.losses` (in-batch negatives) with the item loss over every target's key."""
-    from seqrec.train.pretrain import drop_items
+def dense_items(q: torch.Tensor, keys: torch.Tensor, items: torch.Tensor, column: torch.Tensor,
+                temperature: float, history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+    """`info_nce_items` as it was computed: each row its item's key, the (M, M) loss over them (what
+    `Pretrainer.losses` calls, patched in for the "before" variant)."""
+    return dense_loss(q, keys[column], temperature, items[column], history)
 
-    model = trainer.model
-    h = model.hidden(batch.items)
-    q_item, target = trainer.positives(batch, h)
-    q_item = F.normalize(q_item, dim=-1)
-    q_seq = F.normalize(h[:, -1], dim=-1)
-    view = drop_items(batch.items, trainer.cfg.item_drop)
-    k_item = F.normalize(model.embed_items(target), dim=-1)
-    k_seq = F.normalize(model.hidden(view, text=trainer.aug)[:, -1], dim=-1)
-    return (dense_loss(q_item, k_item, trainer.tau, target, trainer.history_rows(batch, h)),
-            info_nce_in_batch(q_seq, k_seq, trainer.tau))
+
+def variant_code(variant: str) -> contextlib.AbstractContextManager[Any]:
+    """The pre-training step's item loss as the variant computes it."""
+    if variant == VARIANTS[1]:
+        return mock.patch("seqrec.train.pretrain.info_nce_items", dense_items)
+    return contextlib.nullcontext()
 
 
 def recipe(paths: list[str]) -> tuple[PretrainConfig, UniSRecConfig]:
@@ -109,9 +108,8 @@ def endless(batches: TrainBatches) -> Iterator[Any]:
 def time_variant(paths: list[str], variant: str, warmup: int, steps: int) -> dict[str, Any]:
     """One variant's median step time and this process's peak RSS (run in a process of its own)."""
     trainer, opt, batches = setup_trainer(paths)
-    losses = dense_losses if variant == VARIANTS[1] else None
     times, targets, distinct = [], [], []
-    with mock.patch.object(Pretrainer, "losses", losses) if losses else contextlib.nullcontext():
+    with variant_code(variant):
         for i, batch in enumerate(endless(batches)):
             if i == warmup + steps:
                 break
@@ -143,9 +141,10 @@ def differences(paths: list[str], batches_n: int) -> dict[str, float]:
             break
         state = torch.random.get_rng_state()
         got = []
-        for losses in (trainer.losses, lambda b: dense_losses(trainer, b)):
+        for variant in VARIANTS:
             torch.random.set_rng_state(state)
-            si, ss = losses(batch)
+            with variant_code(variant):
+                si, ss = trainer.losses(batch)
             loss = si + trainer.cfg.lam * ss
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             got.append((loss.item(), torch.cat([torch.zeros(p.numel()) if g is None else g.flatten()

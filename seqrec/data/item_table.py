@@ -89,17 +89,16 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
     frame = table.frame
     if template:
         check_template(template, frame.columns, table.source)
-        if frame.height == 0:
-            raise SeqrecError(f"{table.source}: the item table has no rows")
-        texts = item_texts(frame, template, table.source)
+    if frame.height == 0:
+        raise SeqrecError(f"{table.source}: the item table has no rows")
+    texts = item_texts(frame, template, table.source)  # as the text models read them
+    if template:
         if all(t is None for t in texts):
             raise SeqrecError(f"{table.source}: the text template {template!r} gives empty text for every item")
         if "text" in frame.columns:
             log.warning("%s: the text template's output replaces the table's column 'text'", table.source)
         frame = frame.with_columns(pl.Series("text", texts, dtype=pl.Utf8))
-    elif frame.height == 0:
-        raise SeqrecError(f"{table.source}: the item table has no rows")
-    textless = _without_text(frame)
+    textless = frame.filter(pl.Series([t is None for t in texts]))["item"]
     if textless.len():
         shown = ", ".join(repr(v) for v in textless.head(3).to_list())
         log.warning("%s: %d of the table's %d items have empty text (e.g. %s)%s; their text follows the model's "
@@ -130,8 +129,3 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
     log.info("item table joined: %s", report)
     return dataclasses.replace(raw, items=ItemTable(frame, table.source), catalogue=report)
 
-
-def _without_text(frame: pl.DataFrame) -> pl.Series:
-    """The ids of the table's items with no text, as the text models read it (`item_texts`: the `text`
-    field, else the default text fields)."""
-    return frame.filter(pl.Series([t is None for t in item_texts(frame)]))["item"]
