@@ -25,6 +25,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "test-output" / "browser"
 TIMEOUT_MS = 20_000  # any one wait on the page
+WRITE_TOKEN = "browser-test-write-token-0123"  # the service takes catalogue changes with it only
+WRITER = {"Authorization": f"Bearer {WRITE_TOKEN}"}
+# the browser's console line for POST /items refused without the token (the page shows the refusal)
+REFUSED_ADD = re.compile(r"status of 401 \(Unauthorized\) \(http://127\.0\.0\.1:\d+/items\)$")
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium; "
                                                               ".ci/run installs it)")
@@ -63,11 +67,12 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`seqrec serve` on a tiny UniSRec run, on a free loopback port; yields its base URL."""
+    """`seqrec serve` on a tiny UniSRec run, on a free loopback port, its write token from the environment;
+    yields its base URL."""
     root = tmp_path_factory.mktemp("browser")
     run = train_tiny_runs(root, ("unisrec",))["unisrec"]
     port, log = _free_port(), root / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "SEQREC_WRITE_TOKEN": WRITE_TOKEN}
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "seqrec.cli", "serve", str(run), "--host", "127.0.0.1",
                                  "--port", str(port), "--threads", "1"], stdout=out, stderr=subprocess.STDOUT,
@@ -101,6 +106,7 @@ def page(browser: Browser, server: str, request: pytest.FixtureRequest, tmp_path
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(f"{msg.text} ({msg.location.get('url')})")
             if msg.type == "error" and not msg.location.get("url", "").endswith("/favicon.ico") else None)
+    expected = [REFUSED_ADD]  # what the browser logs of an answer the page shows: not a script error
     try:
         page.goto(server)
         expect(page.locator("#health")).to_contain_text("items can be added by text")
@@ -112,6 +118,7 @@ def page(browser: Browser, server: str, request: pytest.FixtureRequest, tmp_path
             folder.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
         context.close()
+    errors = [e for e in errors if not any(p.search(e) for p in expected)]
     assert not errors, f"script errors on the page: {errors}"
 
 
@@ -163,6 +170,10 @@ def test_item_added_by_text_is_shown_among_its_neighbours(page: Page, server: st
     page.locator("#new-id").fill("web-new")
     page.locator("#new-text").fill(title)
     page.locator("#new-title").fill("Added on the page")
+    page.locator("#add-item").click()  # without the write token: refused, and the page says why
+    expect(page.locator("#add-status")).to_contain_text("Authorization: Bearer")
+    assert httpx.get(f"{server}/items/web-new", timeout=10.0).status_code == 404
+    page.locator("#write-token").fill(WRITE_TOKEN)  # shown because /health says the service needs it
     page.locator("#add-item").click()
     try:
         expect(page.locator("#add-status")).to_contain_text("added web-new")
@@ -174,7 +185,7 @@ def test_item_added_by_text_is_shown_among_its_neighbours(page: Page, server: st
         assert _shown(page) == want
         assert page.locator("#results tr.new").count() == 1
     finally:  # its twin would tie with `top` in the other tests' lists
-        httpx.delete(f"{server}/items/web-new", timeout=10.0)
+        httpx.delete(f"{server}/items/web-new", headers=WRITER, timeout=10.0)
 
 
 def test_session_steps_equal_recommend_on_each_prefix(page: Page, server: str) -> None:

@@ -333,6 +333,83 @@ def test_id_models_refuse_new_items(runs: dict[str, Path]) -> None:
     assert len(top) == 29 and "i4" not in {r["item"] for r in top}
 
 
+TOKEN = "t0ken-for-the-tests-0123456789"
+
+
+def test_catalogue_changes_need_the_write_token_when_one_is_set(runs: dict[str, Path]) -> None:
+    client = TestClient(create_app(Recommender.from_run(runs["unisrec"]), write_token=TOKEN))
+    assert client.get("/health").json()["writes_need_token"] is True
+    body = {"items": [{"id": "fresh", "text": "small blue tool"}]}
+    for headers, says in (({}, "Authorization: Bearer TOKEN"), ({"Authorization": "Bearer nope"}, "not this service's"),
+                          ({"Authorization": f"Basic {TOKEN}"}, "Authorization: Bearer TOKEN")):
+        for method, url, payload in (("post", "/items", body), ("post", "/items/remove", {"ids": ["i4"]}),
+                                     ("delete", "/items/i4", None)):
+            got = client.request(method.upper(), url, json=payload, headers=headers)
+            assert got.status_code == 401 and says in got.json()["error"], (method, url, headers, got.text)
+            assert got.headers["www-authenticate"] == "Bearer"
+    assert client.get("/items/i4").json()["recommendable"] is True  # nothing changed
+    assert client.get("/items/fresh").status_code == 404
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.post("/items", json=body, headers=auth).json()["added"] == ["fresh"]
+    assert client.delete("/items/i4", headers=auth).json()["recommendable"] is False
+    assert client.post("/items/remove", json={"ids": ["i5"]}, headers=auth).status_code == 200
+    # the rest stays open: recommendations, look-ups, sessions
+    assert client.post("/recommend", json={"history": ["fresh", "i3"], "k": 3}).status_code == 200
+    assert client.post("/sessions/s1/events", json={"item": "fresh"}).status_code == 200
+    assert client.get("/similar/fresh?k=2").status_code == 200
+    schema = client.get("/openapi.json").json()
+    assert schema["paths"]["/items"]["post"]["security"] and "security" not in schema["paths"]["/recommend"]["post"]
+    # without a token nothing is asked
+    open_client = TestClient(create_app(Recommender.from_run(runs["sasrec"])))
+    assert open_client.get("/health").json()["writes_need_token"] is False
+    assert open_client.delete("/items/i4").status_code == 200
+
+
+def test_a_public_service_without_a_write_token_warns(runs: dict[str, Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    import uvicorn
+
+    from seqrec.cli import serve as serve_cli
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app))  # no real service
+    monkeypatch.setattr(serve_cli, "build_app", lambda options: options)
+    monkeypatch.delenv(serve_cli.TOKEN_ENV, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    assert main(["serve", str(runs["sasrec"]), "--host", "0.0.0.0", "--public", "--port", port]) == 0
+    assert "anyone who reaches 0.0.0.0" in capsys.readouterr().err and started[-1]["write_token"] is None
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    assert main(["serve", str(runs["sasrec"]), "--host", "0.0.0.0", "--public", "--port", port,
+                 "--write-token-file", str(token)]) == 0
+    assert "anyone" not in capsys.readouterr().err and started[-1]["write_token"] == TOKEN
+
+
+def test_the_write_token_comes_from_a_file_or_the_environment(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqrec.cli.serve import TOKEN_ENV, write_token
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert write_token(None) is None
+    monkeypatch.setenv(TOKEN_ENV, f" {TOKEN}\n")
+    assert write_token(None) == TOKEN
+    path = tmp_path / "token"
+    path.write_text(f"{TOKEN}x\nsecond line ignored\n")
+    assert write_token(str(path)) == TOKEN + "x"  # the file wins over the environment
+    for text, says in (("short\n", "16 to 4096 characters long, this one 5"), ("", "this one 0"),
+                       ("has a space in the middle of it\n", "no spaces"), ("tökentökentökentöken", "'ö'")):
+        path.write_text(text)
+        with pytest.raises(SeqrecError, match=says):
+            write_token(str(path))
+    with pytest.raises(SeqrecError, match=r"--write-token-file .*missing: cannot be read"):
+        write_token(str(tmp_path / "missing"))
+
+
 @pytest.mark.parametrize(("method", "url", "body", "status", "message"), [
     ("post", "/recommend", "{not json", 422, "malformed JSON at character 1"),
     ("post", "/recommend", {"history": ["nope"]}, 404, "'nope'"),

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ from seqrec.cli.common import zero_shot_run
 from seqrec.errors import SeqrecError
 
 ENV = "SEQREC_SERVE_OPTIONS"  # how `--workers N` hands the options to each worker process
+TOKEN_ENV = "SEQREC_WRITE_TOKEN"  # the write token, where no --write-token-file is given
 READY_TIMEOUT = 300  # seconds a worker replaced on SIGHUP may take to answer (--ready-timeout)
 
 
@@ -54,7 +56,8 @@ def build_app(options: dict) -> object:
                       session_ttl_s=options["session_ttl"], limits=Limits(options["max_body_bytes"]),
                       session_store=options.get("session_store"), metrics_folder=options.get("metrics_folder"),
                       catalogue_writable=one or bool(options.get("catalogue_log")),
-                      max_queue=options.get("max_queue", MAX_QUEUE), fast_path=options.get("fast_path", True))
+                      max_queue=options.get("max_queue", MAX_QUEUE), fast_path=options.get("fast_path", True),
+                      write_token=options.get("write_token"))
 
 
 def app_from_env() -> object:
@@ -106,14 +109,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from seqrec.serve.session_store import SessionStore
 
         SessionStore(args.session_store)
+    token = write_token(args.write_token_file)
     run = zero_shot_run(run, args.dataset, args.device)
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
                "engine": args.engine, "max_queue": args.max_queue, "fast_path": not args.no_fast_path,
                "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None,
-               "session_store": str(Path(args.session_store).resolve()) if args.session_store else None}
+               "session_store": str(Path(args.session_store).resolve()) if args.session_store else None,
+               "write_token": token}
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
+    if token is None and not _loopback(args.host):
+        print(f"seqrec serve: warning: anyone who reaches {args.host}:{args.port} can add and remove items; "
+              f"give a write token (--write-token-file FILE, or ${TOKEN_ENV}) to allow only its holders",
+              file=sys.stderr, flush=True)
     _check_port(args.host, args.port)
     said = (f"seqrec serve: {run} on http://{args.host}:{args.port}/ (docs at /docs)"
             + (f"; main process {os.getpid()} (SIGHUP: replace the workers, loading {run} again)"
@@ -168,6 +177,31 @@ def cmd_carry_log(args: argparse.Namespace) -> int:
           f"{n['texts_known']:,} text(s) of items the run knows (it keeps its own), {n['removed_unknown']:,} "
           "removal(s) of items it does not know")
     return 0
+
+
+def write_token(path: str | None) -> str | None:
+    """The write token: the first line of `path`, else $SEQREC_WRITE_TOKEN, else None (no token: catalogue
+    changes are open). A token is 16 to 4096 visible ASCII characters (what a bearer header carries)."""
+    if path is None:
+        token, where = os.environ.get(TOKEN_ENV) or None, f"${TOKEN_ENV}"
+        if token is None:
+            return None
+    else:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SeqrecError(f"--write-token-file {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})"
+                              ) from None
+        token, where = (lines[0] if lines else ""), f"--write-token-file {path}"
+    token = token.strip()
+    bad = sorted({c for c in token if not "!" <= c <= "~"})
+    if bad:
+        raise SeqrecError(f"{where}: a write token is visible ASCII characters only (no spaces); it holds "
+                          f"{', '.join(map(repr, bad[:5]))}")
+    if not 16 <= len(token) <= 4096:
+        raise SeqrecError(f"{where}: a write token is 16 to 4096 characters long, this one {len(token)} (for "
+                          "example: python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE)")
+    return token
 
 
 def _check_port(host: str, port: int) -> None:
@@ -249,6 +283,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-queue", type=int, default=1024,
                    help="/recommend requests and session events that may wait for the model; more are answered "
                         "503 (Retry-After) (default 1,024)")
+    s.add_argument("--write-token-file", metavar="FILE",
+                   help="the catalogue changes (POST /items, POST /items/remove, DELETE /items/ID) need the token "
+                        "on this file's first line, sent as 'Authorization: Bearer TOKEN'; the other requests "
+                        f"stay open (default: ${TOKEN_ENV} if set, else no token: changes are open)")
     s.add_argument("--no-fast-path", action="store_true",
                    help="answer POST /recommend through FastAPI's routing like every other route (the same answers, "
                         "more CPU per request; for comparison)")

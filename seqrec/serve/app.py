@@ -10,10 +10,15 @@
 
 Every error is a 4xx with a JSON body {"error": "..."} that names the problem; the OpenAPI schema
 is at /openapi.json and /docs. Requests are logged one line each, with their latency.
+
+With a write token (`seqrec serve --write-token-file`), the requests that change the catalogue (POST
+/items, POST /items/remove, DELETE /items/{id}) must carry it as `Authorization: Bearer TOKEN`; the
+others stay open, as recommendations are for whoever can reach the service.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import math
@@ -21,10 +26,11 @@ import os
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
@@ -55,6 +61,14 @@ from seqrec.serve.session_store import SessionEnded, SessionFull, SessionLimit
 from seqrec.serve.sessions import Sessions
 
 log = logging.getLogger("seqrec.serve")
+
+
+class Unauthorized(SeqrecError):
+    """A catalogue change without the service's write token (a 401)."""
+
+
+# how the catalogue-changing routes read the write token (module level: their annotations name it)
+_BEARER = HTTPBearer(auto_error=False, description="the service's write token (seqrec serve --write-token-file)")
 
 
 
@@ -117,14 +131,16 @@ def _framework_message(request: Request, exc: HTTPException) -> str | None:
 def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: int = 1_000,
                session_ttl_s: float = 1800.0, limits: Limits | None = None, session_store: str | None = None,
                catalogue_writable: bool = True, max_queue: int = MAX_QUEUE,
-               metrics_folder: str | None = None, fast_path: bool = True) -> FastAPI:
+               metrics_folder: str | None = None, fast_path: bool = True,
+               write_token: str | None = None) -> FastAPI:
     """The service over `rec`. `max_queue`: /recommend requests that may wait for the model; more are
     answered 503 with Retry-After. `session_store`: the sessions' database file, which the worker
     processes serving one port share (None: in this process's memory). `catalogue_writable` is off when
     they share no catalogue log (each would hold its own catalogue). `metrics_folder`: where those
     workers pool their request counts, so that /metrics is the service's (None: this process's).
     `fast_path`: POST /recommend answered beneath the framework (`seqrec.serve.fast_route`; off: by
-    FastAPI's routing alone, which answers the same)."""
+    FastAPI's routing alone, which answers the same). `write_token`: what the catalogue changes must carry
+    as a bearer token (None: they need none)."""
     # /docs from the Swagger UI files packaged with fastapi-offline: FastAPI's own page loads them from a CDN,
     # which a service on a network without internet access cannot reach (a blank page)
     app = FastAPIOffline(title="seqrec", version=_version(),
@@ -147,6 +163,12 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     app.router.on_shutdown.append(rec.close_log)
     fast: dict[tuple[str, str], FastRoute] = {}
     app.add_middleware(RequestMiddleware, metrics=metrics, limits=limits or Limits(), fast=fast)
+
+    writer = [Depends(_writer_check(write_token))] if write_token else []  # the routes that change the catalogue
+
+    @app.exception_handler(Unauthorized)
+    async def unauthorized(_: Request, exc: Unauthorized) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(UnknownItem)
     async def unknown(_: Request, exc: UnknownItem) -> JSONResponse:
@@ -236,7 +258,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         results = await batcher.run(rec.recommend_many, histories, req.k, req.exclude_seen)
         return BatchResponse(results=[_items(r) for r in results], skipped=skipped)
 
-    @app.post("/items", response_model=ItemsResponse)
+    @app.post("/items", response_model=ItemsResponse, dependencies=writer)
     def add_items(req: ItemsRequest) -> ItemsResponse:
         """Add items by text, or replace the text of known ones (text models only). They are
         recommendable by the next request."""
@@ -251,7 +273,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         added, replaced = rec.add_items(texts, {it.id: it.title for it in req.items if it.title is not None})
         return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
 
-    @app.post("/items/remove", response_model=RemoveResponse)
+    @app.post("/items/remove", response_model=RemoveResponse, dependencies=writer)
     def remove_items(req: RemoveRequest) -> RemoveResponse:
         """Stop recommending many items at once (they stay usable in histories): all of them, or none
         if an id is unknown (a 404 naming it)."""
@@ -259,7 +281,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         rec.remove_items(req.ids)
         return RemoveResponse(removed=req.ids, n_active=rec.catalogue.n_active)
 
-    @app.delete("/items/{item_id:path}", response_model=ItemInfo)
+    @app.delete("/items/{item_id:path}", response_model=ItemInfo, dependencies=writer)
     def remove_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:
         """Stop recommending an item (it stays usable in histories)."""
         _writable(catalogue_writable)
@@ -313,7 +335,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
                       sessions=len(sessions), takes_text=rec.takes_text,
                       catalogue_changes=None if journal is None else journal.changes,
                       catalogue_log_error=None if journal is None else journal.error,
-                      run=rec.run, version=rec.version, pid=os.getpid())
+                      run=rec.run, version=rec.version, pid=os.getpid(), writes_need_token=bool(write_token))
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
@@ -324,6 +346,21 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         return resources.files("seqrec.serve").joinpath("static/index.html").read_text()
 
     return app
+
+
+def _writer_check(token: str) -> Any:
+    """The dependency of the catalogue-changing routes: the request's bearer token must be `token`."""
+    expected = token.encode()
+
+    def check(request: Request,
+              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        if credentials is None:
+            raise Unauthorized(f"{request.method} {request.url.path} changes the catalogue: this service takes such "
+                               "changes with its write token only, sent as the header 'Authorization: Bearer TOKEN'")
+        if not hmac.compare_digest(credentials.credentials.encode(), expected):
+            raise Unauthorized("the bearer token is not this service's write token")
+
+    return check
 
 
 def _writable(on: bool) -> None:

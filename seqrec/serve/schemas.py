@@ -135,3 +135,4 @@ class Health(BaseModel):
     run: str | None = None  # the run folder served (a link resolved: which run a deploy switched it to)
     version: str | None = None  # the checkpoint served (the start of its model.json's sha256)
     pid: int  # the worker process that answered
+    writes_need_token: bool = False  # catalogue changes need the service's write token (a bearer token)
