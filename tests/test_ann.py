@@ -280,3 +280,31 @@ def test_a_tiny_catalogue_builds_an_ivf_index_without_faiss_warnings(capfd: pyte
     _, ids = retriever.search(queries, 5)
     exact = (queries @ vectors[1:].T).topk(5).indices + 1
     assert torch.equal(torch.as_tensor(ids), exact)
+
+
+def test_an_exclusion_list_with_repeats_or_removed_items_still_gets_k_items() -> None:
+    """A history that repeats an item, or holds removed ones, excludes fewer live items than its length: a
+    short graph search (a tiny HNSW candidate list here) must still be widened to k."""
+    g = torch.Generator().manual_seed(1)
+    vectors, bias = torch.randn(301, 8, generator=g), torch.randn(301, generator=g) * 0.1
+    exact, hnsw = build_retriever("exact", vectors, bias), build_retriever("hnsw", vectors, bias, hnsw_m=4,
+                                                                            ef_search=4)
+    q = torch.randn(1, 8, generator=g)
+    for k, excl in ((299, [1]), (299, [1] * 30)):
+        want, got = exact.search(q, k, [excl]), hnsw.search(q, k, [excl])
+        assert int((got[1] > 0).sum()) == int((want[1] > 0).sum()) == k
+    gone = list(range(2, 32))
+    for r in (exact, hnsw):
+        r.remove(gone)
+    assert isinstance(hnsw, FaissRetriever) and hnsw.wait(60)
+    _, got = hnsw.search(q, 270, [gone])
+    assert int((got > 0).sum()) == 270 and not set(got[0].tolist()) & set(gone)
+
+
+def test_an_n_probe_set_at_run_time_outlives_a_rebuild() -> None:
+    r = build_retriever("ivf", torch.randn(2001, 8, generator=torch.Generator().manual_seed(0)), n_lists=40,
+                        n_probe=20)
+    assert isinstance(r, FaissRetriever)
+    r.n_probe = 2
+    r.remove(list(range(1, 700)))  # over a quarter of the rows dead: rebuilt in the background
+    assert r.wait(60) and r.n_probe == 2

@@ -256,6 +256,35 @@ def test_an_event_whose_answer_fails_is_taken_back(runs: dict[str, Path], tmp_pa
     assert len(two) == 0
 
 
+def test_a_session_whose_first_event_fails_is_not_started(runs: dict[str, Path]) -> None:
+    """Taken back, a first event leaves no session: no view of an empty history, no slot of --max-sessions."""
+    rec = Recommender.from_run(runs["sasrec"])
+    rec.remove_items(list(rec.catalogue.raw_ids[1:]))  # one recommendable item left
+    client = TestClient(create_app(rec, max_sessions=1))
+    only = rec.catalogue.raw_ids[0]
+    failed = client.post("/sessions/a/events", json={"item": only, "k": 1, "exclude_seen": True})
+    assert failed.status_code == 400 and "no item is left" in failed.json()["error"]
+    assert client.get("/sessions/a").status_code == 404
+    assert client.get("/health").json()["sessions"] == 0
+    assert client.post("/sessions/b/events", json={"item": only, "k": 1}).status_code == 200  # the one slot is free
+
+
+def test_an_added_item_is_known_before_a_search_can_return_it(runs: dict[str, Path]) -> None:
+    """A client may send back at once an id it was just recommended: while the index takes a new item, the
+    catalogue already knows its id."""
+    rec = Recommender.from_run(runs["unisrec"])
+    add, known = rec.catalogue.retriever.add, []
+
+    def add_and_look(*args: object, **kw: object) -> object:
+        out = add(*args, **kw)  # type: ignore[arg-type]
+        known.append(rec.catalogue.known(["fresh"])[0])  # the search may return it from here on
+        return out
+
+    rec.catalogue.retriever.add = add_and_look  # type: ignore[method-assign]
+    rec.add_items({"fresh": "small blue tool"})
+    assert known == [True]
+
+
 def test_session_bounds_hold_across_processes(runs: dict[str, Path], tmp_path: Path) -> None:
     """Live sessions, events per session and the idle time are the store's: counted over every process."""
     store = str(tmp_path / "sessions.sqlite")

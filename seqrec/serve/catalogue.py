@@ -58,11 +58,13 @@ class Catalogue:
     @property
     def vectors(self) -> torch.Tensor:
         """(N+1, D) item vectors, row 0 padding."""
-        return self._vectors[: self._n + 1]
+        n = self._n  # read first: `append` puts the larger table in place before it counts the new rows
+        return self._vectors[: n + 1]
 
     @property
     def bias(self) -> torch.Tensor | None:
-        return None if self._bias is None else self._bias[: self._n + 1]
+        n = self._n
+        return None if self._bias is None else self._bias[: n + 1]
 
     def _build(self, kind: str, options: dict[str, object]) -> Retriever:
         if kind not in INDEX_KINDS:
@@ -124,15 +126,22 @@ class Catalogue:
             self.raw_ids.extend(raws)
             self.titles.extend(titles)
             ids = list(range(first, first + n))
+            if texts is not None:
+                self.texts.update(zip(ids, texts, strict=True))
+            # known (usable in histories) before the search can return them: a client may send back at once
+            # an id it was just recommended
+            self._n += n  # readers see the new rows from here on
+            self.index.update(zip(raws, ids, strict=True))
             try:
                 self.retriever.add(vectors, None if self._bias is None else self._bias[first : first + n])
             except BaseException:  # nothing half-added
+                self._n -= n
+                for raw in raws:
+                    del self.index[raw]
+                for i in ids:
+                    self.texts.pop(i, None)
                 del self.raw_ids[first - 1 :], self.titles[first - 1 :]
                 raise
-            if texts is not None:
-                self.texts.update(zip(ids, texts, strict=True))
-            self._n += n  # readers see the new rows from here on
-            self.index.update(zip(raws, ids, strict=True))
             return ids
 
     def replace(self, ids: Sequence[int], titles: Sequence[str | None], vectors: torch.Tensor,

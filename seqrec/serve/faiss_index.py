@@ -103,7 +103,7 @@ class FaissRetriever(Retriever):
         self.kind = kind
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
         self._n_lists_given, self._n_probe_given, self.seed = n_lists, n_probe, seed
-        self.n_lists, self.n_probe = self._ivf_sizes(self.n_items)
+        self.n_lists, self._n_probe = self._ivf_sizes(self.n_items)
         self._lock = _RWLock()
         self._builder: threading.Thread | None = None  # the rebuild running in the background, if any
         self._since: list[np.ndarray] = []  # ids added or replaced since that rebuild's snapshot
@@ -115,6 +115,15 @@ class FaissRetriever(Retriever):
         so a catalogue grown by POST /items keeps its recall)."""
         n_lists = max(1, min(n, self._n_lists_given or default_n_lists(n)))
         return n_lists, max(1, min(n_lists, self._n_probe_given or default_n_probe(n_lists, n)))
+
+    @property
+    def n_probe(self) -> int:
+        """IVF lists opened per query; one set here is kept by later rebuilds (at most the lists they have)."""
+        return self._n_probe
+
+    @n_probe.setter
+    def n_probe(self, value: int) -> None:
+        self._n_probe_given = self._n_probe = max(1, int(value))
 
     @property
     def index(self) -> Any:
@@ -179,7 +188,8 @@ class FaissRetriever(Retriever):
             items, ix = self._items, self._index
             scores, ids = self._candidates(items, ix, q, k, exclude, 1)
             reachable = ix.n_live + ix.n_overflow
-            need = np.array([min(k, reachable - len(e)) for e in exclude] if exclude else [min(k, reachable)])
+            need = np.array([min(k, reachable - _live_among(e, items)) for e in exclude] if exclude
+                            else [min(k, reachable)])
             widest = ix.index.nlist / self.n_probe if self.kind == "ivf" else ix.n_live / self.ef_search
             widen = 1
             while widen < widest:
@@ -307,7 +317,7 @@ class FaissRetriever(Retriever):
                 with self._lock.write():
                     self._index = ix
                     if self.kind == "ivf":
-                        self.n_lists, self.n_probe = sizes
+                        self.n_lists, self._n_probe = sizes
                 log.info("%s index: rebuilt over %d items", self.kind, ix.n_built)
                 self._rebuild_if_due(now)  # clears _builder, or hands it to the next rebuild
         except BaseException:
@@ -315,6 +325,15 @@ class FaissRetriever(Retriever):
             with self._writer:
                 if self._builder is threading.current_thread():
                     self._builder = None
+
+
+def _live_among(ids: list[int], items: _Items) -> int:
+    """How many distinct live items `ids` names: what an exclusion list takes out of a search (a history may
+    repeat an item, or hold removed ones)."""
+    removed = items.removed.numpy()
+    named = np.unique(np.asarray(ids, dtype=np.int64))
+    named = named[(named >= 0) & (named < len(removed))]
+    return int((~removed[named]).sum())
 
 
 def _norms(vectors: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -121,10 +121,13 @@ class SessionStore:
 
     def retract(self, token: str, pos: int) -> bool:
         """Take back event `pos` of the session started as `token` (its answer failed), if it is still the
-        session's last event; False if the session has ended or taken another event since."""
+        session's last event; False if the session has ended or taken another event since. A session whose
+        first event is taken back ends: it holds no event, so it was never started."""
         with self._write() as db:
             if db.execute("UPDATE sessions SET n = ? WHERE token = ? AND n = ?", (pos, token, pos + 1)).rowcount:
                 db.execute("DELETE FROM events WHERE token = ? AND pos = ?", (token, pos))
+                if pos == 0:
+                    db.execute("DELETE FROM sessions WHERE token = ? AND n = 0", (token,))
                 return True
         return False
 
