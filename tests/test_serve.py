@@ -510,6 +510,25 @@ def test_health_metrics_and_page(runs: dict[str, Path]) -> None:
     assert client.get("/openapi.json").json()["paths"]["/recommend"]["post"]
 
 
+def test_a_clients_request_id_is_logged_and_echoed(runs: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    client = TestClient(create_app(Recommender.from_run(runs["sasrec"]), limits=Limits(max_body_bytes=200)))
+    with caplog.at_level(logging.INFO, logger="seqrec.serve"):
+        for i, (method, url, body, status) in enumerate((("POST", "/recommend", {"history": ["i1"]}, 200),  # fast path
+                                                         ("GET", "/items/nope", None, 404),
+                                                         ("POST", "/recommend", {"history": ["i1"] * 100}, 413))):
+            got = client.request(method, url, json=body, headers={"X-Request-ID": f"req-{i}"})
+            assert got.status_code == status and got.headers["x-request-id"] == f"req-{i}", (url, got.text)
+        got = client.post("/recommend", json={"history": ["i1"]}, headers={"X-Request-ID": "x" * 129})
+        assert got.status_code == 200 and "x-request-id" not in got.headers  # not an id to repeat
+        assert "x-request-id" not in client.get("/health").headers
+    lines = [r.getMessage() for r in caplog.records if r.name == "seqrec.serve"]
+    for i, what in enumerate(("POST /recommend 200", "GET /items/nope 404", "POST /recommend 413")):
+        assert any(line.startswith(what) and line.endswith(f"ms id=req-{i}") for line in lines), (what, lines)
+    assert not any("xxxx" in line for line in lines)
+
+
 def test_faiss_index_in_the_service(runs: dict[str, Path]) -> None:
     rec = Recommender.from_run(runs["unisrec"], index="hnsw")
     exact = Recommender.from_run(runs["unisrec"])

@@ -9,7 +9,8 @@
     GET    /                       the web page
 
 Every error is a 4xx with a JSON body {"error": "..."} that names the problem; the OpenAPI schema
-is at /openapi.json and /docs. Requests are logged one line each, with their latency.
+is at /openapi.json and /docs. Requests are logged one line each, with their latency (and the client's
+X-Request-ID, which the answer echoes).
 
 With a write token (`seqrec serve --write-token-file`), the requests that change the catalogue (POST
 /items, POST /items/remove, DELETE /items/{id}) must carry it as `Authorization: Bearer TOKEN`; the

@@ -341,13 +341,18 @@ class RequestMiddleware:
         status = 500
         limit = self.limits.max_body_bytes
 
+        headers = dict(scope.get("headers") or [])
+        rid = _request_id(headers.get(b"x-request-id"))
+
         async def send_status(message: dict[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if rid is not None:  # the answer carries the client's id back
+                    message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", rid)]}
             await send(message)
 
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        declared = headers.get(b"content-length")
         try:
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 await _reject(send_status, 413, f"request body over {limit} bytes")
@@ -374,7 +379,18 @@ class RequestMiddleware:
             route = route_of(scope["path"], scope["method"])
             method = scope["method"] if scope["method"] in METHODS else "other"  # a bounded label set
             self.metrics.observe(method, route, status, seconds)
-            log.info("%s %s %d %.2fms", scope["method"], scope["path"], status, seconds * 1e3)
+            if rid is None:
+                log.info("%s %s %d %.2fms", scope["method"], scope["path"], status, seconds * 1e3)
+            else:
+                log.info("%s %s %d %.2fms id=%s", scope["method"], scope["path"], status, seconds * 1e3,
+                         rid.decode("ascii"))
+
+
+def _request_id(value: bytes | None) -> bytes | None:
+    """A client's X-Request-ID, if it is one to log and echo: 1 to 128 visible ASCII characters."""
+    if value is None or not 0 < len(value) <= 128 or not all(0x21 <= c <= 0x7E for c in value):
+        return None
+    return value
 
 
 class BodyTooLarge(HTTPException):
