@@ -40,7 +40,8 @@ from seqrec.serve.batcher import MAX_QUEUE, Batcher, Overloaded
 from seqrec.serve.catalogue import UnknownItem
 from seqrec.serve.catalogue_log import CatalogueLogBroken, CatalogueLogCarried
 from seqrec.serve.fast_route import FastRoute
-from seqrec.serve.metrics import Limits, Metrics, RequestMiddleware
+from seqrec.serve.metrics import Limits, Metrics
+from seqrec.serve.middleware import RequestMiddleware
 from seqrec.serve.recommender import Recommendation, Recommender
 from seqrec.serve.schemas import (
     BatchRequest,
