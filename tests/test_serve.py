@@ -110,11 +110,17 @@ def test_candidates_rank_as_the_full_ranking_does(runs: dict[str, Path]) -> None
     unknown = client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": ["i2", "nope"]})
     assert unknown.status_code == 404 and "nope" in unknown.json()["error"]
     assert client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": []}).status_code == 422
+    none_left = client.post("/recommend", json={"history": ["i3"], "k": 3, "exclude_seen": True,
+                                                 "candidates": ["i6", "i3", "i6"]})
+    assert none_left.status_code == 400 and none_left.json()["error"] == (
+        "no candidate is left to recommend: of 2 distinct, 1 removed from recommendations, 1 in the history "
+        "(exclude_seen)")
 
 
 def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
     """unknown = skip: the history without the ids the catalogue lacks (named in skipped), answered as that
-    history; none known is a 404; a 404 naming them without it; times must still match the history given."""
+    history; none known is a 404 (in a batch, an error for that history alone); a 404 naming them without
+    it; times must still match the history given."""
     rec = Recommender.from_run(runs["sasrec"])
     client = TestClient(create_app(rec))
     got = client.post("/recommend", json={"history": ["i3", "gone", "i4", 77], "k": 5, "unknown": "skip"})
@@ -130,8 +136,19 @@ def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
     assert batch["skipped"] == [["gone"], []]
     assert [[r["item"] for r in row] for row in batch["results"]] == [
         [r.item for r in rec.recommend(h, 3)] for h in (["i3", "i4"], ["i5"])]
-    lost = client.post("/recommend/batch", json={"histories": [["i5"], ["gone"]], "unknown": "skip"})
-    assert lost.status_code == 404 and lost.json()["error"].startswith("histories[1]: no item of the history")
+    assert batch["errors"] == [None, None]
+    # a history with no known id has an error of its own; the others are answered
+    part = client.post("/recommend/batch", json={"histories": [["i5"], ["gone", "lost"], ["i3"]], "k": 3,
+                                                  "unknown": "skip"})
+    assert part.status_code == 200 and part.json()["skipped"] == [[], ["gone", "lost"], []]
+    assert part.json()["errors"][0] is None and part.json()["errors"][2] is None
+    assert part.json()["errors"][1].startswith("no item of the history is known: 'gone'")
+    assert [[r["item"] for r in row] for row in part.json()["results"]] == [
+        [r.item for r in rec.recommend(["i5"], 3)], [], [r.item for r in rec.recommend(["i3"], 3)]]
+    lost = client.post("/recommend/batch", json={"histories": [["gone"], ["lost"]], "unknown": "skip"})
+    assert lost.status_code == 404 and lost.json()["error"].startswith("no history has a known item; histories[0]")
+    strict = client.post("/recommend/batch", json={"histories": [["i5"], ["gone"]]})
+    assert strict.status_code == 404 and strict.json()["error"].startswith("histories[1]: ")
     # candidates too: the unknown ones left out and named, the rest ranked exactly; none known is a 404
     picked = client.post("/recommend", json={"history": ["i3", "gone"], "candidates": ["nope", "i5", "i6"], "k": 2,
                                               "unknown": "skip"})

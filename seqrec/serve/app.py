@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from importlib import resources
 from typing import Annotated, Any
 
@@ -71,7 +72,6 @@ class Unauthorized(SeqrecError):
 
 # how the catalogue-changing routes read the write token (module level: their annotations name it)
 _BEARER = HTTPBearer(auto_error=False, description="the service's write token (seqrec serve --write-token-file)")
-
 
 
 def _items(recs: list[Recommendation]) -> list[Item]:
@@ -248,17 +248,20 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     @app.post("/recommend/batch", response_model=BatchResponse)
     async def recommend_batch(req: BatchRequest) -> BatchResponse:
         """Top-k for many histories in one forward pass."""
-        histories, skipped = req.histories, [list[str]() for _ in req.histories]
-        if req.unknown == "skip":
-            kept = []
-            for i, history in enumerate(histories):
+        n = len(req.histories)
+        histories, skipped, errors = list(req.histories), [list[str]() for _ in range(n)], list[str | None]([None] * n)
+        if req.unknown == "skip":  # a history with no known id is answered by an error of its own
+            for i, history in enumerate(req.histories):
                 try:
-                    kept.append(rec.drop_unknown(history))
+                    histories[i], _, _, skipped[i] = rec.drop_unknown(history)
                 except UnknownItem as exc:
-                    raise UnknownItem(f"histories[{i}]: {exc}") from None
-            histories, skipped = [k[0] for k in kept], [k[3] for k in kept]
-        results = await batcher.run(rec.recommend_many, histories, req.k, req.exclude_seen)
-        return BatchResponse(results=[_items(r) for r in results], skipped=skipped)
+                    histories[i], skipped[i], errors[i] = [], list(history), str(exc)
+            if all(errors):
+                raise UnknownItem(f"no history has a known item; histories[0]: {errors[0]}")
+        known = [h for h, e in zip(histories, errors, strict=True) if not e]
+        answered = iter(await batcher.run(rec.recommend_many, known, req.k, req.exclude_seen))
+        return BatchResponse(results=[[] if e else _items(next(answered)) for e in errors], skipped=skipped,
+                             errors=errors)
 
     @app.post("/items", response_model=ItemsResponse, dependencies=writer)
     def add_items(req: ItemsRequest) -> ItemsResponse:
@@ -267,11 +270,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         _writable(catalogue_writable)
         texts = {it.id: it.text for it in req.items}
         if len(texts) != len(req.items):
-            seen: set[str] = set()
-            for it in req.items:
-                if it.id in seen:
-                    raise SeqrecError(f"item id {it.id!r} is given more than once")
-                seen.add(it.id)
+            twice = next(i for i, n in Counter(it.id for it in req.items).items() if n > 1)
+            raise SeqrecError(f"item id {twice!r} is given more than once")
         added, replaced = rec.add_items(texts, {it.id: it.title for it in req.items if it.title is not None})
         return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
 

@@ -69,8 +69,7 @@ class Recommender(LiveCatalogue):
         self.model, self.max_len = model.eval(), max_len
         self._onnx: OnnxEncoder | None = None  # the encoder in ONNX Runtime (`use_engine("onnx")`), or None
         items = items.sort("idx")
-        # what people see and search: the title, or for a catalogue known by its text alone (UniSRec's files) the
-        # text, as items added by text are shown by theirs
+        # what people see and search: the title, else the text (UniSRec's files; items added by text show theirs)
         named = next((c for c in ("title", "text") if c in items.columns), None)
         titles = items[named].cast(pl.Utf8).to_list() if named else [None] * items.height
         with torch.no_grad():
@@ -365,11 +364,10 @@ class Recommender(LiveCatalogue):
     def recommend_indices(self, histories: Sequence[list[int]], events: Sequence[dict[str, np.ndarray]] | None,
                           ks: Sequence[int], exclude_seen: Sequence[bool]) -> list[list[Recommendation]]:
         """The batched core of `recommend`: item-index histories (from `to_indices`: not checked again), their
-        event values (or None),
-        and per row its k and whether to exclude its history. One forward pass, one search."""
+        event values (or None), and per row its k and whether to exclude its history. One pass, one search."""
         states, batch = self.encode(histories, events if events and events[0] else None)
-        recs = self.top_k(states, batch.items, ks, [h if ex else None for h, ex in zip(histories, exclude_seen,
-                                                                                         strict=True)])
+        seen = [h if x else None for h, x in zip(histories, exclude_seen, strict=True)]
+        recs = self.top_k(states, batch.items, ks, seen)
         if any(not r for r in recs):
             raise SeqrecError(NOTHING_LEFT)
         return recs
@@ -380,7 +378,10 @@ class Recommender(LiveCatalogue):
         seen = set(history) if exclude_seen else set()
         keep = sorted({c for c in candidates if self.catalogue.is_active(c) and c not in seen})
         if not keep:
-            raise SeqrecError("no candidate is left to recommend")
+            given = set(candidates)
+            raise SeqrecError(f"no candidate is left to recommend: of {len(given)} distinct, "
+                              f"{sum(not self.catalogue.is_active(c) for c in given)} removed from recommendations, "
+                              f"{len(given & seen)} in the history (exclude_seen)")
         ids = torch.tensor(keep, device=state.device)
         scores = self._exact(state, ids)
         offsets = self.model.history_offsets(window)

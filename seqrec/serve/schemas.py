@@ -71,6 +71,8 @@ class BatchResponse(BaseModel):
     results: list[list[Item]]
     skipped: list[list[str]] = Field(default_factory=list, description="per history, the ids left out as unknown "
                                      "(unknown: skip; empty lists otherwise)")
+    errors: list[str | None] = Field(default_factory=list, description="per history, null, or why it has no "
+                                     "results (unknown: skip, and none of its ids known)")
 
 
 class NewItem(Strict):
