@@ -295,13 +295,14 @@ def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_request
         server.stop()
 
 
-def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeats: int) -> dict[str, Any]:
-    """The live catalogue shared through a catalogue log by 1 and 2 worker processes (ivf, onnx engine),
+def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeats: int,
+                  counts: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+    """The live catalogue shared through a catalogue log by 1 and 2 worker processes (`counts`; ivf, onnx engine),
     then the restart: the time until a service answers with no log, with the log the adds wrote (their
     encoder vectors in it) and with the same log stripped of its vectors (its texts encoded again)."""
     work = WORK / "serve"
     out: dict[str, Any] = {}
-    for workers in (1, 2):
+    for workers in counts:
         journal = work / f"catalogue-workers{workers}.jsonl"
         journal.unlink(missing_ok=True)
         server = Server(run, work / f"workers{workers}.log", index="ivf", engine="onnx", workers=workers,
@@ -424,12 +425,13 @@ async def _counted(port: int) -> dict[str, int]:
             "recommend": int(samples.get(requests.format("/recommend"), 0)), "workers": int(samples["seqrec_workers"])}
 
 
-def bench_shared_sessions(run: Path, n_items: int, n_sessions: int, length: int) -> dict[str, Any]:
-    """Sessions through 1 and 2 worker processes that share one session store (exact top-10, torch)."""
+def bench_shared_sessions(run: Path, n_items: int, n_sessions: int, length: int,
+                          counts: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+    """Sessions through 1 and 2 worker processes (`counts`) that share one session store (exact top-10, torch)."""
     rng = np.random.default_rng(3)
     plans = [[f"i{i}" for i in np.minimum(rng.zipf(1.2, length), n_items)] for _ in range(n_sessions)]
     out: dict[str, Any] = {}
-    for workers in (1, 2):
+    for workers in counts:
         server = Server(run, WORK / "serve" / f"sessions-workers{workers}.log", workers=workers)
         try:
             out[str(workers)] = {"workers": workers, **asyncio.run(_session_events(server.port, plans, 8))}
@@ -490,6 +492,9 @@ def main() -> None:
     n_items = 2_000 if args.tiny else 100_000
     n_requests, cap = (200, 20.0) if args.tiny else (4_000, 60.0)
     n_add = 20 if args.tiny else 1_000
+    # worker counts of the shared-catalogue and shared-session parts: tiny runs the 2 workers only (what one
+    # process does is in the live and sessions parts, and in tests/test_serve.py)
+    counts = (2,) if args.tiny else (1, 2)
     work = WORK / "serve"
     titles = real_titles(50 if args.tiny else 1_000)
     sasrec_run, unisrec_run = work / f"sasrec-{n_items}", work / f"unisrec-{n_items}"
@@ -517,7 +522,7 @@ def main() -> None:
             results[key] = bench_live(unisrec_run, n_items, titles, n_add, 1_000_000, 600.0, index, engine)
     if "workers" in args.parts:
         build_unisrec(unisrec_run, n_items, titles)
-        results["workers"] = bench_workers(unisrec_run, n_items, titles, n_add, 1 if args.tiny else 3)
+        results["workers"] = bench_workers(unisrec_run, n_items, titles, n_add, 1 if args.tiny else 3, counts)
     if "deletes" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         for key, index in DELETE_ROWS:
@@ -525,7 +530,7 @@ def main() -> None:
     if "shared_sessions" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         results["shared_sessions"] = bench_shared_sessions(sasrec_run, n_items, 16 if args.tiny else 200,
-                                                           10 if args.tiny else 30)
+                                                           10 if args.tiny else 30, counts)
     if "sessions" in args.parts:
         results["sessions"] = bench_sessions(n_items, (10, 50) if args.tiny else (10, 50, 200),
                                              3 if args.tiny else 20)

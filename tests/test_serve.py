@@ -329,6 +329,8 @@ def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, 
     assert title
     added = client.post("/items", json={"items": [{"id": "fresh", "text": title}]})
     assert added.status_code == 200 and added.json()["added"] == ["fresh"]
+    n = rec.catalogue.n_items
+    assert (added.json()["n_items"], added.json()["n_active"]) == (n, n)
     got = client.post("/recommend", json={"history": history, "k": 3}).json()["items"]
     assert "fresh" in [r["item"] for r in got]
     fresh = next(r for r in got if r["item"] == "fresh")
@@ -354,8 +356,11 @@ def test_item_added_by_text_is_recommended_and_removal_hides_it(runs: dict[str, 
     assert client.get("/items/shelf%2F7").json()["item"] == "shelf/7"
     assert client.get("/similar/shelf/7?k=2").status_code == 200
     # replacing the text brings it back
+    removed = client.get("/health").json()
+    assert removed["n_items"] - removed["n_active"] == 2  # fresh and fresh2 known, not recommendable
     again = client.post("/items", json={"items": [{"id": "fresh", "text": "red glue tape"}]}).json()
     assert again["replaced"] == ["fresh"] and client.get("/items/fresh").json()["recommendable"] is True
+    assert again["n_items"] - again["n_active"] == 1  # fresh is back
 
 
 def test_items_from_python_are_id_to_text_mappings(runs: dict[str, Path]) -> None:
@@ -726,7 +731,10 @@ def test_many_items_removed_in_one_request_all_or_none(runs: dict[str, Path], tm
     assert refused.status_code == 404 and "nope" in refused.json()["error"]
     assert rec.catalogue.n_active == 30 and (tmp_path / "catalogue.jsonl").read_text().count("\n") == 1
     done = client.post("/items/remove", json={"ids": ["i4", "i5", "i6", "i4"]})
-    assert done.status_code == 200 and done.json() == {"removed": ["i4", "i5", "i6", "i4"], "n_active": 27}
+    assert done.status_code == 200 and done.json() == {"removed": ["i4", "i5", "i6", "i4"], "n_items": 30,
+                                                       "n_active": 27}
+    health = client.get("/health").json()  # the same two counts, under the same names
+    assert (health["n_items"], health["n_active"]) == (30, 27)
     top = client.post("/recommend", json={"history": ["i3"], "k": 27}).json()["items"]
     assert len(top) == 27 and not {"i4", "i5", "i6"} & {r["item"] for r in top}
     assert [client.get(f"/items/{i}").json()["recommendable"] for i in ("i4", "i5", "i6", "i7")] == [

@@ -336,7 +336,8 @@ def test_too_many_sessions_with_no_expiry_is_a_429_not_a_500(runs: dict[str, Pat
 
 def test_a_replaced_item_does_not_change_the_snapshot_readers_search() -> None:
     """The retriever searched the catalogue's own vector table, so Catalogue.replace wrote the new vector
-    into the snapshot readers were searching before the retriever's update swapped in its new one."""
+    into the snapshot readers were searching before the retriever's update swapped in its new one; and the
+    catalogue wrote its own table in place, under a reader scoring the history's items exactly."""
     import torch
 
     from seqrec.serve.catalogue import Catalogue
@@ -348,6 +349,11 @@ def test_a_replaced_item_does_not_change_the_snapshot_readers_search() -> None:
     cat.replace([2], ["B2"], torch.randn(1, 8))
     assert torch.equal(before.vectors[2], kept)  # a reader still on the old snapshot sees the old vector
     torch.testing.assert_close(cat.retriever._items.vectors[2], cat.vectors[2])  # the new one has the new
+    # the catalogue's own table too (the exact rescoring of the history's items reads it): a new table
+    held = cat.vectors
+    kept, new = held[3].clone(), torch.randn(1, 8)
+    cat.replace([3], ["C2"], new)
+    assert torch.equal(held[3], kept) and torch.equal(cat.vectors[3], new[0])
 
 
 @pytest.mark.parametrize("kind", ["hnsw", "ivf"])

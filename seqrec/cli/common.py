@@ -112,7 +112,7 @@ def zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
         raise SeqrecError(f"{run} is a pre-training run, used zero-shot on a catalogue: name it with --dataset "
                           "(the history's item ids are that catalogue's)")
     from seqrec.data.dataset import PreparedDataset
-    from seqrec.train.loop import pick_device
+    from seqrec.train.device import pick_device
     from seqrec.train.transfer import zero_shot, zero_shot_config
 
     data = PreparedDataset.load(resolve_dataset(dataset))

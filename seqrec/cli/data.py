@@ -198,7 +198,7 @@ def auto_preview(data: Any) -> list[dict[str, Any]]:
     (seqrec.train.auto), so `data stats` shows the properties they read."""
     from seqrec.config import resolve
     from seqrec.train.auto import resolve_auto, resolve_auto_data, resolve_auto_train
-    from seqrec.train.loop import pick_device
+    from seqrec.train.device import pick_device
 
     cfg = resolve({"model": {"name": "sasrec"}})
     return (resolve_auto_train(cfg.model, cfg.train, cfg.data.max_len, data, pick_device("auto"))

@@ -138,7 +138,7 @@ def check_sources(args: argparse.Namespace) -> bool:
 def load_recommender(args: argparse.Namespace) -> Recommender:
     """The run (a pre-training run: zero-shot on --dataset) on --device, with --index and the --new-item items."""
     from seqrec.serve import Recommender
-    from seqrec.train.loop import pick_device
+    from seqrec.train.device import pick_device
 
     index = args.index or ("ivf" if args.ann else "exact")
     if args.n_probe is not None and index != "ivf":

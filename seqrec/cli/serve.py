@@ -38,13 +38,14 @@ def build_app(options: dict) -> object:
     # tqdm's first bar (torch's export draws some) makes a process-shared lock: a named semaphore that a worker
     # replaced on SIGHUP left behind, one more for the resource tracker to warn of at each deploy
     tqdm.set_lock(threading.RLock())
-    with contextlib.suppress(ImportError):  # its weight-loading bar drew itself into the service's log
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     rec = Recommender.from_run(options["run"], device=options.get("device", "cpu"), index=options["index"],
                                engine=options.get("engine", "auto"))
-    rec.text_encoder()  # text models: the encoder is ready before the first new item
+    if rec.takes_text:  # text models: the encoder is ready before the first new item (an ID model imports none)
+        with contextlib.suppress(ImportError):  # its weight-loading bar drew itself into the service's log
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        rec.text_encoder()
     one = int(options.get("workers", 1)) == 1
     if options.get("catalogue_log"):  # every worker writes its changes there and follows the others'
         replayed, dropped = rec.keep_log(options["catalogue_log"], follow=True)
@@ -97,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ready_timeout is not None and args.workers == 1:
         raise SeqrecError("--ready-timeout is for --workers > 1 (one process has no workers to replace: a deploy "
                           "there is a restart)")
-    from seqrec.train.loop import pick_device
+    from seqrec.train.device import pick_device
 
     args.device = str(pick_device(args.device, "--device"))  # one that is not there: a one-line error
     if not (args.session_ttl > 0 and math.isfinite(args.session_ttl)):

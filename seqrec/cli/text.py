@@ -122,7 +122,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out else Path("runs") / f"{data.meta['name']}-unisrec-{args.setting}-{stamp}"
     cfg.data.dataset = str(data.path)
     if args.setting == "zero-shot":
-        from seqrec.train.loop import pick_device
+        from seqrec.train.device import pick_device
         from seqrec.train.transfer import zero_shot
 
         with run_folder(run_dir, args.overwrite):

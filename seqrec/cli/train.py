@@ -87,7 +87,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
     from seqrec.eval.evaluate import protocol
     from seqrec.train.checkpoint import load_checkpoint
-    from seqrec.train.loop import pick_device
+    from seqrec.train.device import pick_device
 
     run = Path(args.run)
     if not (run / "config.json").is_file():
@@ -141,7 +141,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     """A pre-trained text model on a dataset it never trained on, through that dataset's item text alone."""
     from seqrec.data.dataset import PreparedDataset
     from seqrec.eval.evaluate import protocol
-    from seqrec.train.loop import pick_device
+    from seqrec.train.device import pick_device
     from seqrec.train.transfer import finetune_model, zero_shot_config
 
     if not args.dataset:

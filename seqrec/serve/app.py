@@ -273,7 +273,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
             twice = next(i for i, n in Counter(it.id for it in req.items).items() if n > 1)
             raise SeqrecError(f"item id {twice!r} is given more than once")
         added, replaced = rec.add_items(texts, {it.id: it.title for it in req.items if it.title is not None})
-        return ItemsResponse(added=added, replaced=replaced, n_items=rec.catalogue.n_active)
+        return ItemsResponse(added=added, replaced=replaced, **rec.catalogue.counts())
 
     @app.post("/items/remove", response_model=RemoveResponse, dependencies=writer)
     def remove_items(req: RemoveRequest) -> RemoveResponse:
@@ -281,7 +281,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         if an id is unknown (a 404 naming it)."""
         _writable(catalogue_writable)
         rec.remove_items(req.ids)
-        return RemoveResponse(removed=req.ids, n_active=rec.catalogue.n_active)
+        return RemoveResponse(removed=req.ids, **rec.catalogue.counts())
 
     @app.delete("/items/{item_id:path}", response_model=ItemInfo, dependencies=writer)
     def remove_item(item_id: Annotated[str, Path(max_length=256)]) -> ItemInfo:
@@ -332,7 +332,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
     async def health() -> Health:
         journal = rec.catalogue_log
         status = "ok" if journal is None or journal.error is None else "degraded"
-        return Health(status=status, model=rec.model.name, n_items=rec.catalogue.n_active,
+        return Health(status=status, model=rec.model.name, **rec.catalogue.counts(),
                       index=rec.catalogue.retriever.kind, index_rebuilding=rec.catalogue.retriever.rebuilding,
                       sessions=len(sessions), takes_text=rec.takes_text,
                       catalogue_changes=None if journal is None else journal.changes,

@@ -55,6 +55,11 @@ class Catalogue:
     def n_active(self) -> int:
         return self._n - len(self.removed)
 
+    def counts(self) -> dict[str, int]:
+        """n_items (known, removed ones included) and n_active (recommendable), read together."""
+        with self.lock:
+            return {"n_items": self._n, "n_active": self.n_active}
+
     @property
     def vectors(self) -> torch.Tensor:
         """(N+1, D) item vectors, row 0 padding."""
@@ -152,7 +157,9 @@ class Catalogue:
             if texts is not None:
                 self.texts.update(zip(ids, texts, strict=True))
             at = torch.as_tensor(list(ids), dtype=torch.long)
-            self._vectors[at] = vectors.to(self._vectors)
+            table = self._vectors.clone()  # a new table: a reader scoring the old one never sees a row half-written
+            table[at] = vectors.to(table)
+            self._vectors = table
             for i, title in zip(ids, titles, strict=True):
                 self.titles[i - 1] = title
             self.retriever.update(list(ids), vectors, None if self._bias is None else self._bias[at])

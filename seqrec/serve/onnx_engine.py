@@ -57,13 +57,24 @@ def _code_digest() -> bytes:
     return h.digest()
 
 
+def _onnx_version() -> str:
+    """The onnx package's version without importing it (most of a start that loads a kept graph)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onnx")
+    except PackageNotFoundError:  # installed under another distribution's name
+        import onnx
+
+        return str(onnx.__version__)
+
+
 def encoder_key(model: SequentialModel, n_items: int, max_len: int) -> str:
     """The cache key of `model`'s exported encoder (module docstring)."""
-    import onnx
     import onnxruntime
 
     h = hashlib.sha256(json.dumps([type(model).__name__, repr(model.config), n_items, max_len, torch.__version__,
-                                   onnx.__version__, onnxruntime.__version__]).encode())
+                                   _onnx_version(), onnxruntime.__version__]).encode())
     h.update(_code_digest())
     for name, tensor in sorted(model.state_dict().items()):
         h.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())

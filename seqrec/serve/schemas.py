@@ -90,15 +90,22 @@ class RemoveRequest(Strict):
     ids: list[ItemId] = Field(min_length=1, max_length=100_000)
 
 
+# the catalogue's two counts, named alike in every answer that gives them
+N_ITEMS = Field(description="items the catalogue knows (usable in histories), removed ones included")
+N_ACTIVE = Field(description="items recommendable now: the known ones less the removed ones")
+
+
 class RemoveResponse(BaseModel):
     removed: list[str]  # the ids given, none of them recommendable now
-    n_active: int  # items still recommendable
+    n_items: int = N_ITEMS
+    n_active: int = N_ACTIVE
 
 
 class ItemsResponse(BaseModel):
     added: list[str]
     replaced: list[str]
-    n_items: int  # the recommendable items (removed ones not counted), as in /health
+    n_items: int = N_ITEMS
+    n_active: int = N_ACTIVE
 
 
 class ItemInfo(BaseModel):
@@ -127,7 +134,8 @@ class SessionResponse(BaseModel):
 class Health(BaseModel):
     status: str
     model: str
-    n_items: int
+    n_items: int = N_ITEMS
+    n_active: int = N_ACTIVE
     index: str
     index_rebuilding: bool  # a FAISS index being rebuilt in the background (after heavy changes)
     sessions: int
