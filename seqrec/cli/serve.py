@@ -138,7 +138,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
     # named), the catalogue's changes through a catalogue log, and their request counts through a folder
     with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as scratch:
-        options["session_store"] = options["session_store"] or str(Path(scratch) / "sessions.sqlite")
+        if not options["session_store"]:  # made here, so that the workers starting together open a store there is
+            from seqrec.serve.session_store import SessionStore
+
+            options["session_store"] = str(Path(scratch) / "sessions.sqlite")
+            SessionStore(options["session_store"])
         options["metrics_folder"] = str(Path(scratch) / "metrics")
         os.environ[ENV] = json.dumps(options)
         # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops

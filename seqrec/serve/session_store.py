@@ -37,6 +37,30 @@ CREATE TABLE IF NOT EXISTS events (token TEXT NOT NULL, pos INTEGER NOT NULL, it
 """
 
 
+def _open(path: str | None, wait_s: float = 30.0) -> sqlite3.Connection:
+    """A connection to the store, its schema in place. Worker processes starting together open one new file at
+    once: switching it to WAL takes a lock SQLite does not wait for (its busy timeout does not cover it), so a
+    "database is locked" there is tried again, for up to `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        db = None
+        try:
+            db = sqlite3.connect(path or ":memory:", timeout=wait_s, isolation_level=None, check_same_thread=False)
+            if path:
+                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # set once, by the first to open it
+                    db.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
+                db.execute("PRAGMA synchronous=NORMAL")  # sessions are short-lived: no fsync per event
+            db.executescript(_SCHEMA)
+            return db
+        except sqlite3.Error as exc:
+            if db is not None:
+                db.close()
+            busy = isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+            if not busy or time.monotonic() > deadline:
+                raise SeqrecError(f"session store {path}: {exc}") from None
+            time.sleep(0.02)
+
+
 class SessionLimit(SeqrecError):
     """Too many live sessions (the service answers 429, Retry-After when the oldest idle one expires)."""
 
@@ -65,15 +89,7 @@ class SessionStore:
                  ttl_s: float = 1800.0) -> None:
         """`path`: the database file the processes share (created if absent); None keeps it in memory."""
         self.path, self.max_sessions, self.max_events, self.ttl_s = path, max_sessions, max_events, ttl_s
-        try:
-            self._db = sqlite3.connect(path or ":memory:", timeout=30.0, isolation_level=None,
-                                       check_same_thread=False)
-            if path:
-                self._db.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
-                self._db.execute("PRAGMA synchronous=NORMAL")  # sessions are short-lived: no fsync per event
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise SeqrecError(f"session store {path}: {exc}") from None
+        self._db = _open(path)
         self._lock = threading.Lock()  # one connection, used from the service's threads in turn
 
     @contextmanager
