@@ -8,18 +8,25 @@ would need 100k x 100k x 4 B = 40 GB; the ranking holds one tile per thread.
 
     python benchmarks/eval_cost.py [--users 100000 --items 100000 --repeats 3 --threads 2]
     python benchmarks/eval_cost.py --tiny      # seconds; what the test suite runs
+    python benchmarks/eval_cost.py --against ../old-checkout   # also that checkout's ranking, runs alternated
+
+With `--against`, each repeat runs the other checkout's seqrec (its folder first on PYTHONPATH) right
+after this one's, so the two share the machine's state of the moment; the results hold both medians and
+their ratio (a change's speed-up, measured in one run on a machine whose speed drifts from day to day).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from common import RESULTS, machine, matmul_gflops, median_run, write_result
 
 
@@ -57,6 +64,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="2,000 x 2,000, one repeat, to a separate file")
     p.add_argument("--out", type=Path)
+    p.add_argument("--against", type=Path, help="another checkout, whose ranking is run alternately as a reference")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--peak-n", type=int, default=4096, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -65,22 +73,36 @@ def main() -> None:
     if args.child:
         print(json.dumps(one(args.users, args.items, args.d, args.threads, args.peak_n)))
         return
-    runs = []
+    runs, against = [], []
+    cmd = [sys.executable, __file__, "--child", "--users", str(args.users), "--items", str(args.items),
+           "--d", str(args.d), "--threads", str(args.threads), "--peak-n", str(args.peak_n)]
     for _ in range(args.repeats):
-        cmd = [sys.executable, __file__, "--child", "--users", str(args.users), "--items", str(args.items),
-               "--d", str(args.d), "--threads", str(args.threads), "--peak-n", str(args.peak_n)]
         runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
         print(json.dumps(runs[-1]), flush=True)
+        if args.against:
+            env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
+            against.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout))
+            print("against:", json.dumps(against[-1]), flush=True)
     middle = median_run({"runs": runs})
     med = {k: middle[k] for k in ("seconds", "peak_rss_mb", "rss_before_mb", "gflops", "matmul_peak_gflops",
                                   "fraction_of_peak")}
     result = {"users": args.users, "items": args.items, "d": args.d, "threads": args.threads,
               "naive_matrix_gb": args.users * (args.items + 1) * 4 / 1e9, "user_chunk": runs[0]["user_chunk"],
               "median": med, "runs": runs, "machine": machine()}
+    if against:
+        theirs = float(np.median([r["seconds"] for r in against]))
+        result["against"] = {"checkout": str(args.against), "commit": _commit(args.against), "runs": against,
+                             "median_seconds": theirs, "seconds_ratio": med["seconds"] / theirs}
     out = args.out or RESULTS / ("eval_cost_tiny.json" if args.tiny else "eval_cost.json")
     write_result(out, result)
     print(f"median {med['seconds']:.1f} s, {med['gflops']:.0f} GFLOP/s = {med['fraction_of_peak']:.2f} of the "
           f"{med['matmul_peak_gflops']:.0f} GFLOP/s matmul peak -> {out}")
+
+
+def _commit(checkout: Path) -> str | None:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False)
+    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -20,13 +20,17 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
         rows.append(f"| {f['machine'].get('cpu_model') or f['machine']['cpu']} | {f['machine']['commit']} | "
                     f"{m['seconds']:.1f} | {m['gflops']:.0f} | {m['matmul_peak_gflops']:.0f} | "
                     f"{m['fraction_of_peak']:.2f} | {m['peak_rss_mb']:.0f} | {m['rss_before_mb']:.0f} | `{name}` |")
+    compared = [(name, f["against"]) for name, f in files if "against" in f]
+    notes = [f"`{name}` ran each repeat right after the same ranking at commit {a['commit']} (`--against`): median "
+             f"{a['median_seconds']:.1f} s there, so this commit takes {a['seconds_ratio']:.2f}× its time on the same "
+             "machine at the same moments." for name, a in compared]
     return ["## Evaluation cost: full ranking, blocked", "",
             f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
             f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). The median of {len(d['runs'])} runs "
             "(that run's own numbers), each in a fresh process that also measures the matmul peak (a 4096² float32 "
             "product on the same threads); one row per machine it ran on. Script: `benchmarks/eval_cost.py`.", "",
             *header(["CPU", "commit", "wall s", "GFLOP/s", "matmul peak GFLOP/s", "fraction of peak", "peak RSS MB",
-                     "RSS before ranking MB", "file"]), *rows]
+                     "RSS before ranking MB", "file"]), *rows, *(["", *notes] if notes else [])]
 
 
 ITEM_GRADIENTS = {True: "sparse", False: "dense", None: "dense (before sparse_items)"}

@@ -129,8 +129,11 @@ def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch
     if excluded is not None:  # by item: a tile's pairs are one slice
         excluded = excluded[:, excluded[1] != 0]
         excluded = excluded[:, torch.argsort(excluded[1])]
-        bounds = torch.searchsorted(excluded[1].contiguous(), torch.arange(0, n1 + tile, tile, device=h.device))
-    rows = torch.arange(G, device=h.device)
+        bounds = _tile_bounds(excluded[1], n1, tile)
+    # each tile's targets, never counted against themselves: by target, so that a tile's are one slice
+    by_target = torch.argsort(target)
+    t_sorted = target[by_target]
+    t_bounds = _tile_bounds(t_sorted, n1, tile)
     own = W[target]  # (G, D)
     t_score = (h * own).sum(1)
     magnitude = (h.abs() * own.abs()).sum(1)
@@ -146,26 +149,32 @@ def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch
     cpu = h.device.type == "cpu"
     flags = np.empty((G, LANE_BYTES), dtype=bool) if cpu else None  # this group's comparison bytes
     threshold_np = threshold.numpy() if cpu else None
+    buffer = torch.empty(G, tile, device=h.device)  # a full tile's scores, written in place each time
     for lo in range(0, n1, tile):
         hi = min(lo + tile, n1)
-        scores = h @ W[lo:hi].T  # (G, width): stays in cache while it is counted
-        if b is not None:
-            scores += b[lo:hi]
+        out = buffer if hi - lo == tile else torch.empty(G, hi - lo, device=h.device)
+        # (G, width), the bias added in the product's pass: stays in cache while it is counted
+        scores = torch.mm(h, W[lo:hi].T, out=out) if b is None else torch.addmm(b[lo:hi], h, W[lo:hi].T, out=out)
         if lo == 0:
             scores[:, 0] = -torch.inf  # padding never competes
         if history is not None and offsets is not None:
             _history_in_tile(scores, history, offsets, lo, hi)
         if excluded is not None:
-            a, z = bounds[lo // tile].item(), bounds[lo // tile + 1].item()
+            a, z = bounds[lo // tile], bounds[lo // tile + 1]
             scores[excluded[0, a:z], excluded[1, a:z] - lo] = -torch.inf
-        inside = (target >= lo) & (target < hi)
-        scores[rows[inside], target[inside] - lo] = -torch.inf  # the target never counts against itself
+        ta, tz = t_bounds[lo // tile], t_bounds[lo // tile + 1]
+        scores[by_target[ta:tz], t_sorted[ta:tz] - lo] = -torch.inf  # the target never counts against itself
         if flags is not None and threshold_np is not None:
             beaten += torch.from_numpy(count_at_least(scores.numpy(), threshold_np, flags))
         else:
             beaten += (scores >= threshold).sum(dim=1)
     # A NaN target score is a broken model, not a lucky one: worst rank.
     return torch.where(torch.isnan(t_score), torch.full_like(beaten, n1 - 2), beaten) + 1
+
+
+def _tile_bounds(items: torch.Tensor, n1: int, tile: int) -> list[int]:
+    """Where each tile's entries start in `items` (item indices, ascending): tile t holds bounds[t]:bounds[t + 1]."""
+    return torch.searchsorted(items.contiguous(), torch.arange(0, n1 + tile, tile, device=items.device)).tolist()
 
 
 def count_at_least(scores: np.ndarray, threshold: np.ndarray, flags: np.ndarray) -> np.ndarray:
