@@ -10,10 +10,12 @@ from common import load_result as load
 from tables import DASH, f4, header, num, section, table
 
 EVAL_COST_OTHER = "eval_cost_epyc.json"  # the same benchmark on the other machine: --out results/<this>
+# a change measured against the commit before it (--against CHECKOUT --out results/<this>), on a later day
+EVAL_COST_AB = "eval_cost_epyc_ab.json"
 
 
 def eval_cost(d: dict[str, Any]) -> list[str]:
-    files = [("eval_cost.json", d)] + ([(EVAL_COST_OTHER, other)] if (other := load(EVAL_COST_OTHER)) else [])
+    files = [("eval_cost.json", d)] + [(name, f) for name in (EVAL_COST_OTHER, EVAL_COST_AB) if (f := load(name))]
     rows = []
     for name, f in files:
         m = median_run(f)
@@ -23,7 +25,8 @@ def eval_cost(d: dict[str, Any]) -> list[str]:
     compared = [(name, f["against"]) for name, f in files if "against" in f]
     notes = [f"`{name}` ran each repeat right after the same ranking at commit {a['commit']} (`--against`): median "
              f"{a['median_seconds']:.1f} s there, so this commit takes {a['seconds_ratio']:.2f}× its time on the same "
-             "machine at the same moments." for name, a in compared]
+             "machine at the same moments (the machine's speed drifts between days: compare rows of one file, or "
+             "the fraction of peak)." for name, a in compared]
     return ["## Evaluation cost: full ranking, blocked", "",
             f"{d['users']:,} users × {d['items']:,} items, D = {d['d']}, {d['threads']} threads, exact ranks "
             f"(a dense score matrix would take {d['naive_matrix_gb']:.0f} GB). The median of {len(d['runs'])} runs "
