@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -157,7 +157,7 @@ class TextEncoder:
             raise SeqrecError(f"text encoder {name!r}: no such folder")
         self.revision = revision or (_local_revision(Path(self.source)) if local else "main")
         where = str(_transformer_dir(Path(self.source))) if local else self.source
-        kwargs = {} if local else {"revision": self.revision}
+        kwargs: dict[str, Any] = {} if local else {"revision": self.revision}
         bar = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # its weight-loading bar on every load is noise in a command's output
         try:
