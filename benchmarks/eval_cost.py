@@ -33,6 +33,7 @@ from common import RESULTS, machine, matmul_gflops, median_run, write_result
 def one(users: int, items: int, d: int, threads: int, peak_n: int) -> dict[str, float]:
     import torch
 
+    import seqrec
     from seqrec.eval.metrics import metrics_from_ranks
     from seqrec.eval.ranking import RankRequest, stream_ranks, user_chunk_size
 
@@ -52,7 +53,8 @@ def one(users: int, items: int, d: int, threads: int, peak_n: int) -> dict[str, 
     gflops = 2 * users * (items + 1) * d / seconds / 1e9
     return {"seconds": seconds, "peak_rss_mb": rss, "rss_before_mb": base, "user_chunk": chunk,
             "gflops": gflops, "matmul_peak_gflops": peak, "fraction_of_peak": gflops / peak,
-            "recall@10_random": metrics_from_ranks(ranks, [10])["recall@10"]}
+            "recall@10_random": metrics_from_ranks(ranks, [10])["recall@10"],
+            "seqrec": str(Path(seqrec.__file__).resolve().parent)}  # which checkout's code ranked
 
 
 def main() -> None:
@@ -80,8 +82,12 @@ def main() -> None:
         runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
         print(json.dumps(runs[-1]), flush=True)
         if args.against:
-            env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
+            theirs = args.against.resolve()
+            path = os.pathsep.join(filter(None, [str(theirs), os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, "PYTHONPATH": path}
             against.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout))
+            if not Path(against[-1]["seqrec"]).is_relative_to(theirs):  # (an installed seqrec found first)
+                raise SystemExit(f"--against {args.against}: its child imported seqrec from {against[-1]['seqrec']}")
             print("against:", json.dumps(against[-1]), flush=True)
     middle = median_run({"runs": runs})
     med = {k: middle[k] for k in ("seconds", "peak_rss_mb", "rss_before_mb", "gflops", "matmul_peak_gflops",

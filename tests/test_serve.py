@@ -113,8 +113,10 @@ def test_candidates_rank_as_the_full_ranking_does(runs: dict[str, Path]) -> None
     none_left = client.post("/recommend", json={"history": ["i3"], "k": 3, "exclude_seen": True,
                                                  "candidates": ["i6", "i3", "i6"]})
     assert none_left.status_code == 400 and none_left.json()["error"] == (
-        "no candidate is left to recommend: of 2 distinct, 1 removed from recommendations, 1 in the history "
-        "(exclude_seen)")
+        "no candidate is left to recommend: of 2 distinct, 1 removed from recommendations, 1 (the others) in the "
+        "history (exclude_seen)")
+    gone = client.post("/recommend", json={"history": ["i3"], "k": 3, "candidates": ["i6"]})  # no history part
+    assert gone.json()["error"] == "no candidate is left to recommend: of 1 distinct, 1 removed from recommendations"
 
 
 def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:

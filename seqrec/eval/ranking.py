@@ -149,10 +149,10 @@ def _rank_group(h: torch.Tensor, target: torch.Tensor, W: torch.Tensor, b: torch
     cpu = h.device.type == "cpu"
     flags = np.empty((G, LANE_BYTES), dtype=bool) if cpu else None  # this group's comparison bytes
     threshold_np = threshold.numpy() if cpu else None
-    buffer = torch.empty(G, tile, device=h.device)  # a full tile's scores, written in place each time
+    buffer = torch.empty(G, min(tile, n1), dtype=h.dtype, device=h.device)  # a tile's scores, rewritten each time
     for lo in range(0, n1, tile):
         hi = min(lo + tile, n1)
-        out = buffer if hi - lo == tile else torch.empty(G, hi - lo, device=h.device)
+        out = buffer if hi - lo == buffer.shape[1] else torch.empty(G, hi - lo, dtype=h.dtype, device=h.device)
         # (G, width), the bias added in the product's pass: stays in cache while it is counted
         scores = torch.mm(h, W[lo:hi].T, out=out) if b is None else torch.addmm(b[lo:hi], h, W[lo:hi].T, out=out)
         if lo == 0:

@@ -56,9 +56,10 @@ class Catalogue:
         return self._n - len(self.removed)
 
     def counts(self) -> dict[str, int]:
-        """n_items (known, removed ones included) and n_active (recommendable), read together."""
-        with self.lock:
-            return {"n_items": self._n, "n_active": self.n_active}
+        """n_items (known, removed ones included) and n_active (recommendable). Without the lock: /health
+        answers on the event loop, which must never wait for a catalogue change (a change under way may
+        show in one count and not yet in the other)."""
+        return {"n_items": self._n, "n_active": self.n_active}
 
     @property
     def vectors(self) -> torch.Tensor:

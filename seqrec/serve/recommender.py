@@ -118,8 +118,7 @@ class Recommender(LiveCatalogue):
             if why is None:
                 try:
                     self.use_engine("onnx")
-                    log.info("engine: onnx (auto: %s runs on the CPU and its export matched PyTorch)",
-                             self.model.name)
+                    log.info("engine: onnx (auto: %s runs on the CPU; its export matched PyTorch)", self.model.name)
                     return
                 except SeqrecError as exc:
                     why = str(exc)
@@ -379,9 +378,10 @@ class Recommender(LiveCatalogue):
         keep = sorted({c for c in candidates if self.catalogue.is_active(c) and c not in seen})
         if not keep:
             given = set(candidates)
-            raise SeqrecError(f"no candidate is left to recommend: of {len(given)} distinct, "
-                              f"{sum(not self.catalogue.is_active(c) for c in given)} removed from recommendations, "
-                              f"{len(given & seen)} in the history (exclude_seen)")
+            active = {c for c in given if self.catalogue.is_active(c)}
+            raise SeqrecError(f"no candidate is left to recommend: of {len(given)} distinct, {len(given - active)} "
+                              "removed from recommendations" + (f", {len(active & seen)} (the others) in the history "
+                                                                "(exclude_seen)" if exclude_seen else ""))
         ids = torch.tensor(keep, device=state.device)
         scores = self._exact(state, ids)
         offsets = self.model.history_offsets(window)
