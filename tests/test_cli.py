@@ -175,6 +175,20 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"seqrec {__version__}"
 
 
+@pytest.mark.parametrize("argv, usage, meant", [
+    (["data", "prepare", "x", "--text-templat", "{title}"], "seqrec data prepare", "--text-template"),  # a prefix
+    (["train", "--modle", "sasrec"], "seqrec train", "--model"),
+    (["text", "encode", "x", "--mising=id"], "seqrec text encode", "--missing")])
+def test_a_shortened_or_misspelled_flag_is_refused_by_its_command(argv: list[str], usage: str, meant: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A prefix of a flag was taken for the flag (argparse's abbreviations), and a typo was refused with the
+    top level's usage; now the command's own usage says which flag was likely meant."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith(f"usage: {usage} ") and f"(did you mean {meant}?)" in err
+
+
 def test_a_cuda_device_where_there_is_none_is_a_one_line_error(home: Path, capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """train.device = "cuda" (and serve --device cuda) on a machine or torch without CUDA: exit 2, one line."""

@@ -8,6 +8,7 @@ and never each other; this module assembles the parser and runs a command.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -27,11 +28,49 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for group in (data, train, recommend, text, serve):  # the order of `seqrec --help`
         group.add_commands(sub)
+    for parser in _parsers(p):  # a flag is spelled out: `--text-templat` is not taken for `--text-template`
+        parser.allow_abbrev = False
     return p
 
 
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every (sub)command parser beneath it."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # (an alias maps to the same parser)
+                out += _parsers(child)
+    return out
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` were parsed for: its usage, not the top level's."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _command_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """argv parsed; arguments the command does not take are refused by that command's parser (its usage),
+    with the flag it most likely meant."""
+    top = build_parser()
+    args, extra = top.parse_known_args(argv)
+    if extra:
+        parser = _command_parser(top, args)
+        flags = [o for a in parser._actions for o in a.option_strings]
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        for arg in extra:
+            close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1) if arg.startswith("-") else []
+            if close:
+                message += f" (did you mean {close[0]}?)"
+                break
+        parser.error(message)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("faiss").setLevel(logging.WARNING)  # it logs its loader choice at INFO on import

@@ -158,7 +158,7 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
         known = [raw for raw in new if raw in rec.index]
         if known or len(new) < len(args.new_item):
             raise SeqrecError(f"--new-item {(known or ['an id'])[0]}: " + (
-                "already an item of the run; --new-item adds items unseen in training (give it another id)"
+                "already in the run's catalogue; --new-item adds items the catalogue does not hold (give it another id)"
                 if known else "given more than once"))
         rec.add_items(new)
     return rec
