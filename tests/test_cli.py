@@ -148,6 +148,16 @@ def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> Non
     code, out, err = run(capsys, "recommend", str(run_dir), "--history", "i1", "--candidates", "i2 i3", "-k", "3")
     assert code == 0 and len(out.strip().splitlines()) == 2
     assert "(2 of k=3: no more items are left among the candidates)" in err
+    # --skip-unknown: the unknown ids left out (named on stderr), the rest answered as that history is
+    code, out, err = run(capsys, "recommend", str(run_dir), "--history", "i1 zzz i2 i3", "-k", "3", "--skip-unknown")
+    assert code == 0 and out == plain[1] and "(left out, not in the run's catalogue: zzz)" in err
+    code, out, err = run(capsys, "recommend", str(run_dir), "--history", "i1", "--candidates", "nope i2 i3", "-k", "3",
+                         "--skip-unknown")
+    assert code == 0 and len(out.strip().splitlines()) == 2 and "catalogue: nope)" in err
+    code, out, err = run(capsys, "recommend", str(run_dir), "--history", "zzz", "--skip-unknown")
+    assert code == 2 and "no item of the history is known: 'zzz'" in err and out == ""
+    code, _, err = run(capsys, "recommend", str(run_dir), "--user", "u0", "--skip-unknown")
+    assert code == 2 and "--skip-unknown go with --history" in err
 
 
 def test_evaluate_a_refitted_run(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,8 +104,8 @@ def check_sources(args: argparse.Namespace) -> bool:
         given = [flag for key, flag in BATCH_ONLY.items() if getattr(args, key) is not None]
         if given:
             raise SeqrecError(f"{given[0]} goes with --users or --log (top-k for many users, to a file)")
-        if args.user is not None and (args.times or args.event):
-            raise SeqrecError("--times and --event go with --history (--user takes the user's own)")
+        if args.user is not None and (args.times or args.event or args.skip_unknown):
+            raise SeqrecError("--times, --event and --skip-unknown go with --history (--user takes the user's own)")
         return False
     from seqrec.data.readers_io import read_lines
     from seqrec.serve.batch import output_kind
@@ -114,8 +114,8 @@ def check_sources(args: argparse.Namespace) -> bool:
         raise SeqrecError(f"{sources[0]} writes its top-k to a file: give --out PATH (.parquet, .csv, .tsv or "
                           ".jsonl)")
     output_kind(Path(args.out))
-    refused = [f for f, v in (("--candidates", args.candidates), ("--times", args.times), ("--event", args.event))
-               if v]
+    refused = [f for f, v in (("--candidates", args.candidates), ("--times", args.times), ("--event", args.event),
+                              ("--skip-unknown", args.skip_unknown)) if v]
     refused += [flag for key, flag in LOG_ONLY.items() if args.users is not None and getattr(args, key) is not None]
     if refused:
         where = "--log" if refused[0] in LOG_ONLY.values() else "--history"
@@ -188,6 +188,16 @@ def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
         if times is not None and not set(rec.model.event_feature_names()) & {"gap", "hour"}:
             raise SeqrecError("--times: this model reads no time features (gap, hour); leave --times out")
     candidates = id_list(args.candidates, "--candidates") if args.candidates is not None else None
+    if args.skip_unknown:  # as /recommend's unknown: skip; what is left out is said apart from the table
+        history, times, given, dropped = rec.drop_unknown(history, times, events or None)
+        events = given or {}
+        if candidates is not None:
+            dropped += [c for c, known in zip(candidates, rec.catalogue.known(candidates), strict=True) if not known]
+            candidates = [c for c in candidates if c in rec.index]
+            if not candidates:
+                raise SeqrecError("no id of --candidates is in the run's catalogue")
+        if dropped:
+            print(f"(left out, not in the run's catalogue: {', '.join(dropped)})", file=sys.stderr)
     recs = rec.recommend(history, args.k, exclude_seen=args.exclude_seen, candidates=candidates,
                          times=times, events=events)
     if said:
@@ -277,6 +287,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--new-item", action="append", metavar="ID=TEXT",
                    help="an item unseen in training, known by its text (text models such as unisrec)")
     r.add_argument("--candidates", help="rank only these raw item ids (as --history takes them)")
+    r.add_argument("--skip-unknown", action="store_true", help="leave out of --history and --candidates the ids "
+                   "the run's catalogue does not hold (named on stderr) instead of refusing the request")
     r.add_argument("--index", choices=["exact", "hnsw", "ivf"],
                    help="how top-k is retrieved: exact (default), or a FAISS HNSW / IVF index of the item vectors")
     r.add_argument("--ann", action="store_true", help="the same as --index ivf (the faster ANN index here)")

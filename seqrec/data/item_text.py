@@ -145,7 +145,7 @@ def fill_missing(texts: list[str | None], raw_ids: list[str], policy: MissingTex
     if n and policy == "error":
         raise SeqrecError(f"{n} item(s) have no text (e.g. {shown}); " + GIVE_TEXT + FALLBACK)
     if policy in ("id", "mean") and n / max(1, len(texts)) > AUTO_MISSING_SHARE:  # chosen, here or in the cache
-        log.warning("%s: they get %s, which says nothing about them; a text model learns little on this catalogue",
+        log.warning("%s: they get %s, which says nothing about them; a text model learns little about these items",
                     share_without_text(missing, raw_ids),
                     "the text 'item <id>'" if policy == "id" else "the mean text vector")
     filled = [t if t is not None else f"item {raw_ids[i]}" for i, t in enumerate(texts)]
