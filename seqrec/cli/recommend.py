@@ -192,8 +192,8 @@ def recommend_one(args: argparse.Namespace, rec: Recommender) -> int:
         history, times, given, dropped = rec.drop_unknown(history, times, events or None)
         events = given or {}
         if candidates is not None:
-            dropped += [c for c, known in zip(candidates, rec.catalogue.known(candidates), strict=True) if not known]
-            candidates = [c for c in candidates if c in rec.index]
+            candidates, unknown = rec.catalogue.split_known(candidates)
+            dropped += unknown
             if not candidates:
                 raise SeqrecError("no id of --candidates is in the run's catalogue")
         if dropped:

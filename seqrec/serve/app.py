@@ -228,9 +228,8 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
         if req.candidates is not None:  # exact scores of those items only: not a search, so not batched
             candidates = req.candidates
             if req.unknown == "skip":
-                keep = rec.catalogue.known(candidates)
-                skipped += [raw for raw, k in zip(candidates, keep, strict=True) if not k]
-                candidates = [raw for raw, k in zip(candidates, keep, strict=True) if k]
+                candidates, unknown = rec.catalogue.split_known(candidates)
+                skipped += unknown
                 if not candidates:
                     raise UnknownItem(f"no candidate is in the catalogue (skipped: {', '.join(map(repr, skipped))})")
             return _recommendations(await batcher.run(rec.recommend, history, req.k, req.exclude_seen,

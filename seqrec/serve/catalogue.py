@@ -110,6 +110,12 @@ class Catalogue:
             self.on_unknown()
         return [r in self.index for r in raws]
 
+    def split_known(self, raws: Sequence[str]) -> tuple[list[str], list[str]]:
+        """`raws` -> (the ids this catalogue holds, the others), each in the order given (`known`)."""
+        keep = self.known(raws)
+        return ([r for r, k in zip(raws, keep, strict=True) if k],
+                [r for r, k in zip(raws, keep, strict=True) if not k])
+
     def is_active(self, idx: int) -> bool:
         return 1 <= idx <= self._n and idx not in self.removed
 
