@@ -160,7 +160,7 @@ def tiny_paths(folder: Path) -> list[str]:
     from seqrec.data.prepare import PrepareOptions, prepare
     from seqrec.data.synthetic import LogShape, generated_dataset
 
-    shape = LogShape(n_interactions=3600, n_users=120, n_items=60, seed=3)  # items' text: "item <id>"
+    shape = LogShape(n_interactions=1200, n_users=40, n_items=60, seed=3)  # items' text: "item <id>"
     data = prepare(generated_dataset(shape), PrepareOptions(), folder / "tiny")
     return [str(data.path)]
 

@@ -177,20 +177,25 @@ def recommend_bodies(n_items: int, seed: int = 0) -> list[bytes]:
 
 
 def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str,
-                    engine: str = "torch", health: bool = False) -> dict[str, Any]:
-    """POST /recommend at concurrency 1, 8, 32; `health`: GET /health instead (the HTTP stack alone)."""
+                    engine: str = "torch", recommend: bool = True, floor: bool = False) -> dict[str, Any]:
+    """POST /recommend at concurrency 1, 8, 32 (`recommend`), then, `floor`, GET /health on the same service
+    (the HTTP stack alone): {"recommend": rows, "floor": rows}, the parts asked for."""
     server = Server(run, WORK / "serve" / f"recommend-{index}-{engine}.log", index=index, engine=engine)
     try:
+        out: dict[str, Any] = {}
         bodies = recommend_bodies(n_items)
-        if health:
-            asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
-            bodies = [request_bytes("GET", "/health", None)]
         asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
-        out = {}
-        for c in (1, 8, 32):
-            out[str(c)] = asyncio.run(run_load("127.0.0.1", server.port, bodies, c, n_requests, cap)).summary()
-            print(f"{'/health' if health else '/recommend'} ({index}, {engine}) concurrency {c}: {out[str(c)]}",
-                  flush=True)
+        for part, wanted in (("recommend", recommend), ("floor", floor)):
+            if not wanted:
+                continue
+            if part == "floor":
+                bodies = [request_bytes("GET", "/health", None)]
+                asyncio.run(run_load("127.0.0.1", server.port, bodies, 4, min(300, n_requests), cap))  # warm-up
+            rows = out[part] = {}
+            for c in (1, 8, 32):
+                rows[str(c)] = asyncio.run(run_load("127.0.0.1", server.port, bodies, c, n_requests, cap)).summary()
+                print(f"{'/health' if part == 'floor' else '/recommend'} ({index}, {engine}) concurrency {c}: "
+                      f"{rows[str(c)]}", flush=True)
         return out
     finally:
         server.stop()
@@ -296,10 +301,10 @@ def bench_live(run: Path, n_items: int, titles: list[str], n_add: int, n_request
 
 
 def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeats: int,
-                  counts: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+                  counts: tuple[int, ...] = (1, 2), baseline: bool = True) -> dict[str, Any]:
     """The live catalogue shared through a catalogue log by 1 and 2 worker processes (`counts`; ivf, onnx engine),
-    then the restart: the time until a service answers with no log, with the log the adds wrote (their
-    encoder vectors in it) and with the same log stripped of its vectors (its texts encoded again)."""
+    then the restart: the time until a service answers with no log (`baseline`), with the log the adds wrote
+    (their encoder vectors in it) and with the same log stripped of its vectors (its texts encoded again)."""
     work = WORK / "serve"
     out: dict[str, Any] = {}
     for workers in counts:
@@ -317,9 +322,11 @@ def bench_workers(run: Path, n_items: int, titles: list[str], n_add: int, repeat
     bare = work / "catalogue-no-vectors.jsonl"
     bare.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k not in ("vectors", "encoder")})
                             + "\n" for line in full.read_text().splitlines()))
-    starts: dict[str, list[float]] = {"no log": [], "log with vectors": [], "log without vectors": []}
+    journals: list[tuple[str, Path | None]] = [("no log", None)] if baseline else []
+    journals += [("log with vectors", full), ("log without vectors", bare)]
+    starts: dict[str, list[float]] = {label: [] for label, _ in journals}
     for _ in range(repeats):
-        for label, journal in (("no log", None), ("log with vectors", full), ("log without vectors", bare)):
+        for label, journal in journals:
             copy = None
             if journal is not None:  # a copy: a start settles the file it is given
                 copy = work / "catalogue-restart.jsonl"
@@ -503,16 +510,20 @@ def main() -> None:
     results.update({"machine": machine(), "n_items": n_items, "tiny": args.tiny,
                     "setup": "seqrec serve, 1 torch thread, top-10 from the index named in each row; loopback "
                              "load generator (benchmarks/loadgen.py)"})
-    if "recommend" in args.parts:
+    if "recommend" in args.parts or "floor" in args.parts:  # the floor on the service of the last row
         build_sasrec(sasrec_run, n_items, 50)
-        results["recommend"] = {name: bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine)
-                                for name, index, engine in ROWS}
+        rows = ROWS if "recommend" in args.parts else ROWS[-1:]
+        served = [(name, bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine,
+                                           recommend="recommend" in args.parts,
+                                           floor="floor" in args.parts and (name, index, engine) == ROWS[-1]))
+                    for name, index, engine in rows]
+        if "recommend" in args.parts:
+            results["recommend"] = {name: r["recommend"] for name, r in served}
+        if "floor" in args.parts:
+            results["floor"] = served[-1][1]["floor"]
     if "fast_path" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         results["fast_path"] = bench_fast_path(sasrec_run, n_items, n_requests, cap, 1 if args.tiny else 5)
-    if "floor" in args.parts:
-        build_sasrec(sasrec_run, n_items, 50)
-        results["floor"] = bench_recommend(sasrec_run, n_items, n_requests, cap, "ivf", "onnx", health=True)
     if "start" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         results["start"] = bench_start(sasrec_run, 1 if args.tiny else 3)
@@ -522,7 +533,9 @@ def main() -> None:
             results[key] = bench_live(unisrec_run, n_items, titles, n_add, 1_000_000, 600.0, index, engine)
     if "workers" in args.parts:
         build_unisrec(unisrec_run, n_items, titles)
-        results["workers"] = bench_workers(unisrec_run, n_items, titles, n_add, 1 if args.tiny else 3, counts)
+        # tiny: the restarts that replay the log only (a start with no log is every other part's)
+        results["workers"] = bench_workers(unisrec_run, n_items, titles, n_add, 1 if args.tiny else 3, counts,
+                                           baseline=not args.tiny)
     if "deletes" in args.parts:
         build_sasrec(sasrec_run, n_items, 50)
         for key, index in DELETE_ROWS:

@@ -43,6 +43,8 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     assert live["new_in_history_failures"] == 0 and live["visible_s_max"] < 5 and "1" not in result["workers"]
     restart = result["workers"]["restart"]
     assert restart["changes"] == 20 and restart["log_bytes"] > restart["log_without_vectors_bytes"]
+    # tiny: the restarts that replay the log, once each (the full run adds starts with no log, its baseline)
+    assert set(restart["start_s"]) == {"log with vectors", "log without vectors"}
     assert all(len(times) == 1 for times in restart["start_s"].values())
     for key, index in (("deletes_hnsw", "hnsw"), ("deletes_ivf", "ivf")):
         gone = result[key]  # 600 of 2,000 items deleted: past a quarter, so the index was rebuilt
