@@ -153,7 +153,7 @@ def test_recommender_index_path_matches_exact_with_a_history_bias(tiny_dataset: 
 
 def test_a_batch_of_top_k_equals_every_item_scored_with_its_offsets(tiny_dataset: PreparedDataset,
                                                                     tmp_path: Path) -> None:
-    """Recommender.top_k_indices merges each window's items, scored with their summed offsets, into the
+    """Recommender.top_k merges each window's items, scored with their summed offsets, into the
     search for a whole batch at once: against every item scored by hand (h . v_i + b_i + the offsets of
     the positions holding i), with repeats in a window, a removed item, and a row that excludes its own."""
     from seqrec.serve import Recommender
@@ -168,7 +168,8 @@ def test_a_batch_of_top_k_equals_every_item_scored_with_its_offsets(tiny_dataset
     histories = [rec.to_indices(h) for h in (["i1", "i2", "i3"], ["i4", "i5", "i4", "i6"], ["i7"] * 3, ["i2", "i9"])]
     states, batch = rec.encode(histories)
     n = rec.catalogue.n_active
-    found = rec.top_k_indices(states, batch.items, n, [None, None, None, histories[3]])
+    found = [(torch.tensor([x.score for x in recs]), torch.tensor([rec.index[x.item] for x in recs]))
+             for recs in rec.top_k(states, batch.items, n, [None, None, None, histories[3]])]
     offsets = rec.model.history_offsets(batch.items)
     vectors, bias = rec.catalogue.vectors, rec.catalogue.bias
     for r, (values, ids) in enumerate(found):

@@ -252,24 +252,12 @@ class Recommender(LiveCatalogue):
         """Best k per state (B, D), in one search; `windows` (B, L) the items each state has seen (for
         the history bias); `k` one for all rows or one per row; `exclude` per row, item indices never
         returned (e.g. the whole history) or None."""
-        return [self._results(v.tolist(), i.tolist()) for v, i in self.top_k_indices(states, windows, k, exclude)]
-
-    @torch.no_grad()
-    def top_k_indices(self, states: torch.Tensor, windows: torch.Tensor, k: int | Sequence[int],
-                      exclude: Sequence[Sequence[int] | None] | None = None
-                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """`top_k` as (scores, item indices) per row, best first, without the objects; a row may hold fewer
-        than k where fewer items are left."""
         ks = [k] * len(states) if isinstance(k, (int, np.integer)) else list(k)
         for kk in ks:
             self.check_k(kk)
         values, ids = self.top_k_padded(states, windows, max(ks), exclude)
-        out = []
-        for r in range(len(states)):
-            v, i = values[r, : ks[r]], ids[r, : ks[r]]
-            found = (i > 0) & (v > -float("inf"))
-            out.append((v[found], i[found]))
-        return out
+        # the rows as lists at once: per row tensor slices and masks cost more than the search of a small batch
+        return [self._results(v[:kk], i[:kk]) for v, i, kk in zip(values.tolist(), ids.tolist(), ks, strict=True)]
 
     @torch.no_grad()
     def top_k_padded(self, states: torch.Tensor, windows: torch.Tensor, k: int,
