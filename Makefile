@@ -37,12 +37,16 @@ serve-demo: setup
 
 # The pre-trained text model (configs/pretrain.toml: Amazon Games titles, the domain that transferred
 # best to Scientific) from ../shared/data; Scientific stays out (a target). Weights stay local: the data's terms.
+# A finished $(PRETRAINED) is kept (it takes a quarter of an hour or more, and its zero-shot runs live in it):
+# `make pretrained OVERWRITE=1` trains it again.
 SHARED_DATA ?= ../shared/data
 PRETRAINED ?= runs/pretrained
 pretrained: setup
 	for d in amazon-games-2018; do \
 	  $(VENV)/bin/seqrec data prepare $$d --source $(SHARED_DATA) || exit 1; done
-	$(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED) --overwrite
+	if [ -z "$(OVERWRITE)" ] && [ -f $(PRETRAINED)/results.json ]; then \
+	  echo "$(PRETRAINED) is there (make pretrained OVERWRITE=1 trains it again)"; \
+	else $(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED) --overwrite; fi
 
 # docs/cli.md and docs/api.md from the argument parser and the docstrings (tests/test_docs.py checks
 # they are current); docs/results.md and the README's headline table come from `python benchmarks/report.py`

@@ -62,6 +62,12 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
     assert f"{results['test']['recall@10']:.4f}" in test_row and "already-seen" not in out
     code, out, _ = run(capsys, "evaluate", str(run_dir), "--filter-seen")
     assert code == 0 and out.startswith("(already-seen items removed from the ranking")
+    # on another dataset: one line that names both and says what would work there
+    run(capsys, "data", "prepare", "other", "--format", "csv", "--path", str(home / "log.csv"),
+        "--user-col", "uid", "--item-col", "iid", "--time-col", "ts", "--min-user-len", "8")
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--dataset", "other")
+    assert code == 2 and "trained on toy (dataset fingerprint" in err and "but other (" in err
+    assert "evaluate a pre-training run zero-shot" in err and len(err.strip().splitlines()) == 1
     # a model with the history bias is not the published one: its results say so, in the file and printed
     biased = home / "biased"
     code, out, _ = run(capsys, "train", "--dataset", "toy", "--model", "sasrec", "--out", str(biased),
@@ -104,7 +110,9 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
         (["data", "prepare", "x", "--format", "csv", "--path", "{home}/log.csv", "--user-col", "user",
           "--item-col", "iid"], "available"),
         (["data", "prepare", "nope"], "unknown dataset"),
-        (["data", "stats", "nope"], "no prepared dataset"),
+        (["data", "stats", "nope"], "no prepared dataset 'nope'"),
+        (["data", "stats", "nope"], "prepared: toy"),  # nothing like it: what there is
+        (["train", "--dataset", "tyo", "--model", "sasrec"], "did you mean 'toy'?"),
         (["train", "--dataset", "toy", "--set", "model.dd=3"], "model.dd"),
         (["train", "--dataset", "toy", "--set", "train.lr=fast"], "train.lr"),
         (["train", "--dataset", "toy", "--model", "gpt"], "unknown model"),

@@ -159,6 +159,10 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     assert "(note: zero-shot trains nothing: train.epochs, train.lr not used)" in out
     results = json.loads((zs / "results.json").read_text())
     assert results["epochs_run"] == 0 and "zero-shot" in results["protocol"]["model_selection"]
+    assert results["pretrained"] == str(pre.resolve())  # where the weights came from, whatever the working folder
+    # a run whose weights already saw a is no start for a zero-shot on a (it would be said to have trained nothing)
+    assert main(["finetune", str(a), "--from", str(zs), "--setting", "zero-shot", "--out", str(tmp_path / "no")]) == 2
+    assert f"{zs} was trained on a" in capsys.readouterr().err and not (tmp_path / "no").exists()
     direct = run(capsys, "evaluate", str(pre), "--dataset", str(a))
     said, direct = direct.split("\n", 1)
     assert said.startswith(f"zero-shot: {pre} on ") and said.endswith("no training on it")

@@ -6,6 +6,7 @@ Every command module imports this one and no other command module, so that each 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 import shutil
@@ -34,7 +35,16 @@ def resolve_dataset(ref: str) -> Path:
     named = _home() / "prepared" / ref
     if (named / "meta.json").is_file():
         return named
-    raise SeqrecError(f"no prepared dataset {ref!r} (looked in {path} and {named}); run `seqrec data prepare`")
+    prepared = sorted(p.parent.name for p in named.parent.glob("*/meta.json"))
+    close = difflib.get_close_matches(ref, prepared, n=1)
+    if close:
+        hint = f"did you mean {close[0]!r}?"
+    elif prepared:
+        more = ", ..." if len(prepared) > 12 else ""
+        hint = f"prepared: {', '.join(prepared[:12])}{more}; or run `seqrec data prepare`"
+    else:
+        hint = "none is prepared yet: run `seqrec data prepare`"
+    raise SeqrecError(f"no prepared dataset {ref!r} (looked in {path} and {named}); {hint}")
 
 
 def dataset_ref(ref: str, found: Path) -> str:
@@ -110,7 +120,7 @@ def zero_shot_run(run: Path, dataset: str | None, device: str) -> Path:
         return run
     if not dataset:
         raise SeqrecError(f"{run} is a pre-training run, used zero-shot on a catalogue: name it with --dataset "
-                          "(the history's item ids are that catalogue's)")
+                          "(the items it ranks, and any history's ids, are that catalogue's)")
     from seqrec.data.dataset import PreparedDataset
     from seqrec.train.device import pick_device
     from seqrec.train.transfer import zero_shot, zero_shot_config

@@ -114,8 +114,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     loaded = {name: load_checkpoint(run / name, device) for name in dict.fromkeys(names.values())}
     for _, meta in loaded.values():  # every checkpoint checked before any work
         if meta.get("dataset_fingerprint") not in (None, data.fingerprint):
-            raise SeqrecError(f"{run}: trained on dataset fingerprint {meta['dataset_fingerprint']}, "
-                              f"but {data.path} has {data.fingerprint}")
+            raise SeqrecError(f"{run}: trained on {Path(cfg.data.dataset).name} (dataset fingerprint "
+                              f"{meta['dataset_fingerprint']}), but {data.meta['name']} ({data.path}) has "
+                              f"{data.fingerprint}: a trained run is evaluated on the data it learnt (prepared "
+                              "again the same way); on another catalogue, evaluate a pre-training run zero-shot "
+                              "(seqrec evaluate PRETRAIN_RUN --dataset NAME)")
     for split, name in names.items():
         model = loaded[name][0]
         results |= evaluate_split(model, data, split, cfg, device, args.cold)

@@ -98,8 +98,10 @@ def check_architecture(pretrained: Path, given: dict[str, Any]) -> None:
     pre = read_meta(checkpoint_dir(pretrained))["config"]
     for key, value in given.items():
         if key in ARCHITECTURE and key in pre and value != pre[key]:
+            what = "text encoding" if key.startswith("text_") else "architecture"
             raise SeqrecError(f"model.{key}={value} does not fit the pre-trained model (its {key} is {pre[key]}): "
-                              "fine-tuning keeps the pre-trained architecture; drop the setting")
+                              f"a model started from it (fine-tuned or zero-shot) keeps its {what}; drop the "
+                              "setting")
 
 
 Transfer = Literal["all", "adaptor"]
@@ -274,6 +276,12 @@ def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: 
 
     if cfg.data.max_len != pretrained_max_len(pretrained):
         raise SeqrecError(f"pre-trained with max_len={pretrained_max_len(pretrained)}; use data.max_len equal to it")
+    trained_on = read_meta(checkpoint_dir(pretrained)).get("dataset_fingerprint")
+    if trained_on == data.fingerprint:  # a run trained or fine-tuned on this very dataset: not zero-shot
+        raise SeqrecError(f"{pretrained} was trained on {data.meta['name']} (dataset fingerprint {trained_on}): "
+                          f"zero-shot means no event of it trained anything; evaluate that run with seqrec evaluate "
+                          f"{pretrained}, or start from a run that never saw {data.meta['name']}")
+    pretrained = Path(pretrained).resolve()  # the run folder records where its weights came from, from anywhere
     cfg.train.refit = False
     model = finetune_model(pretrained, data, cfg.model, cfg.data.max_len, trained=False).to(device).eval()
     run_dir.mkdir(parents=True, exist_ok=True)
