@@ -42,6 +42,9 @@ with 1 torch thread so that the load generator has the other core.
     python benchmarks/serve_load.py            # -> benchmarks/results/serve_load.json
     python benchmarks/serve_load.py --tiny     # seconds; what the test suite runs
     python benchmarks/serve_load.py --parts live   # one part again, the others kept from the file
+    python benchmarks/serve_load.py --parts recommend --against ../old-checkout --out ...
+                # each row's services of this checkout and of that one in turn, 3 times: a change's effect
+                # measured on the machine as it is at the same moments (timings here drift by the day)
 """
 
 from __future__ import annotations
@@ -119,10 +122,12 @@ class Server:
 
     def __init__(self, run: Path, log: Path, threads: int = 1, index: str = "exact", engine: str = "torch",
                  workers: int = 1, catalogue_log: Path | None = None, ready_timeout: int | None = None,
-                 home: Path | None = None, extra: tuple[str, ...] = ()) -> None:
+                 home: Path | None = None, extra: tuple[str, ...] = (), root: Path = ROOT) -> None:
         self.port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
         env.update({"SEQREC_HOME": str(home)} if home else {})
+        if root != ROOT:  # another checkout's seqrec (`--against`): its folder first, as its working folder
+            env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log.open("w")
         cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
@@ -131,7 +136,7 @@ class Server:
         cmd += ["--ready-timeout", str(ready_timeout)] if ready_timeout else []
         cmd += list(extra)
         started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root)
         deadline = time.time() + 300
         while time.time() < deadline:
             try:
@@ -177,10 +182,12 @@ def recommend_bodies(n_items: int, seed: int = 0) -> list[bytes]:
 
 
 def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index: str,
-                    engine: str = "torch", recommend: bool = True, floor: bool = False) -> dict[str, Any]:
+                    engine: str = "torch", recommend: bool = True, floor: bool = False,
+                    root: Path = ROOT) -> dict[str, Any]:
     """POST /recommend at concurrency 1, 8, 32 (`recommend`), then, `floor`, GET /health on the same service
-    (the HTTP stack alone): {"recommend": rows, "floor": rows}, the parts asked for."""
-    server = Server(run, WORK / "serve" / f"recommend-{index}-{engine}.log", index=index, engine=engine)
+    (the HTTP stack alone): {"recommend": rows, "floor": rows}, the parts asked for; `root`: the checkout
+    whose seqrec serves."""
+    server = Server(run, WORK / "serve" / f"recommend-{index}-{engine}.log", index=index, engine=engine, root=root)
     try:
         out: dict[str, Any] = {}
         bodies = recommend_bodies(n_items)
@@ -199,6 +206,29 @@ def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index:
         return out
     finally:
         server.stop()
+
+
+def bench_recommend_against(run: Path, n_items: int, n_requests: int, cap: float, theirs: Path,
+                            repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recommend part for this checkout and for `theirs`, a service of each in turn for every row,
+    `repeats` times: (ours, theirs), each row's run of median time per concurrency, every run kept."""
+    check = subprocess.run([sys.executable, "-c", "import seqrec; print(seqrec.__file__)"], cwd=theirs, text=True,
+                           capture_output=True, check=True, env={**os.environ, "PYTHONPATH": str(theirs)})
+    if not Path(check.stdout.strip()).resolve().is_relative_to(theirs):  # (an installed seqrec found first)
+        raise SystemExit(f"--against {theirs}: its services would import seqrec from {check.stdout.strip()}")
+    runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {"ours": {}, "theirs": {}}
+    for _ in range(repeats):
+        for name, index, engine in ROWS:
+            for side, root in (("ours", ROOT), ("theirs", theirs)):
+                rows = bench_recommend(run, n_items, n_requests, cap, index, engine, root=root)["recommend"]
+                for c, r in rows.items():
+                    runs[side].setdefault(name, {}).setdefault(c, []).append(r)
+    medians = {side: {name: {c: {**median_run({"runs": rs}), "runs": rs} for c, rs in by_c.items()}
+                      for name, by_c in rows.items()} for side, rows in runs.items()}
+    done = subprocess.run(["git", "-C", str(theirs), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False)
+    return medians["ours"], {"checkout": str(theirs), "commit": done.stdout.strip() or None, "repeats": repeats,
+                             "recommend": medians["theirs"]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -495,6 +525,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="results file (default benchmarks/results/serve_load[_tiny].json)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                    help="what to measure; the others are kept from the results file")
+    p.add_argument("--against", type=Path, help="recommend part: another checkout's service measured in turn with "
+                                                "this one's (each row's median of --repeats runs)")
+    p.add_argument("--repeats", type=int, default=3, help="with --against: services of each checkout per row")
     args = p.parse_args()
     n_items = 2_000 if args.tiny else 100_000
     n_requests, cap = (200, 20.0) if args.tiny else (4_000, 60.0)
@@ -512,13 +545,18 @@ def main() -> None:
                              "load generator (benchmarks/loadgen.py)"})
     if "recommend" in args.parts or "floor" in args.parts:  # the floor on the service of the last row
         build_sasrec(sasrec_run, n_items, 50)
-        rows = ROWS if "recommend" in args.parts else ROWS[-1:]
+        against = args.against is not None and "recommend" in args.parts
+        rows = ROWS if "recommend" in args.parts and not against else ROWS[-1:]
         served = [(name, bench_recommend(sasrec_run, n_items, n_requests, cap, index, engine,
-                                           recommend="recommend" in args.parts,
-                                           floor="floor" in args.parts and (name, index, engine) == ROWS[-1]))
-                    for name, index, engine in rows]
-        if "recommend" in args.parts:
+                                         recommend="recommend" in args.parts and not against,
+                                         floor="floor" in args.parts and (name, index, engine) == ROWS[-1]))
+                  for name, index, engine in rows] if not against or "floor" in args.parts else []
+        if "recommend" in args.parts and not against:
             results["recommend"] = {name: r["recommend"] for name, r in served}
+            results.pop("recommend_against", None)  # (measured apart from these rows)
+        if against:
+            results["recommend"], results["recommend_against"] = bench_recommend_against(
+                sasrec_run, n_items, n_requests, cap, args.against.resolve(), args.repeats)
         if "floor" in args.parts:
             results["floor"] = served[-1][1]["floor"]
     if "fast_path" in args.parts:
