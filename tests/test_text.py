@@ -276,7 +276,7 @@ def test_encoding_without_a_terminal_logs_its_progress(encoder_dir: Path, caplog
         encoder.encode(texts, batch_size=2, progress=False)
         assert "encoded" not in caplog.text
         encoder.encode(texts, batch_size=2, progress=True)
-    assert "of 40 texts, about" in caplog.text
+    assert "of 40 distinct texts, about" in caplog.text
 
 
 def test_the_encoder_runs_where_asked(encoder_dir: Path) -> None:

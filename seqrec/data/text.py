@@ -193,11 +193,13 @@ class TextEncoder:
         return int(self.model.config.hidden_size)
 
     @torch.no_grad()
-    def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False,
+               what: str = "texts") -> np.ndarray:
         """(n, D) float32 vectors. Each distinct text is encoded once, so equal texts get equal vectors
-        bit for bit (which batch and padding a text lands in moves the last float bits)."""
+        bit for bit (which batch and padding a text lands in moves the last float bits). `what` the
+        progress lines call them."""
         distinct, inverse = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
-        return self._encode_distinct([str(t) for t in distinct], batch_size, progress)[inverse.reshape(-1)]
+        return self._encode_distinct([str(t) for t in distinct], batch_size, progress, what)[inverse.reshape(-1)]
 
     def _padded(self, ids: list[list[int]], length: int) -> dict[str, torch.Tensor]:
         """Right-padded input ids and their attention mask, (b, length) on the encoder's device."""
@@ -209,7 +211,7 @@ class TextEncoder:
             mask[row, : len(t)] = 1
         return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
-    def _encode_distinct(self, texts: list[str], batch_size: int, progress: bool) -> np.ndarray:
+    def _encode_distinct(self, texts: list[str], batch_size: int, progress: bool, what: str) -> np.ndarray:
         """Token-length-sorted batches of a fixed padded size: texts are tokenized once, sorted by length,
         and each batch holds `batch_size` x 64 tokens of its longest text, rounded up to a multiple of 8
         (64 texts of 64 tokens, 256 of 16). Padding is the rounding alone, matmuls stay large for short
@@ -235,7 +237,7 @@ class TextEncoder:
             out[rows] = pooled.float().cpu().numpy()
             bar.update(len(rows))
             if said.due():  # the longest texts come first: the estimate errs long
-                log.info("encoded %d of %d texts, about %.0f s left", lo, len(texts), said.left_s(lo))
+                log.info("encoded %d of %d distinct %s, about %.0f s left", lo, len(texts), what, said.left_s(lo))
         bar.close()
         return out
 
@@ -300,7 +302,8 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     aug = None
     if options.word_drop > 0:
         dropped = word_drop(texts, options.word_drop, options.seed)
-        aug = _encode(encoder, dropped, missing, options, progress)
+        aug = _encode(encoder, dropped, missing, options, progress,
+                      f"texts with words dropped (pre-training's second view, word_drop {options.word_drop})")
     seconds = time.perf_counter() - t0
     encoded = (first is None) + (aug is not None)  # views encoded here
     meta = {**key, "n_items": len(texts), "dim": int(emb.shape[1]), "n_missing": int(missing.sum()),
@@ -387,9 +390,9 @@ def _default_factory(options: TextOptions) -> TextEncoder:
 
 
 def _encode(encoder: TextEncoder, texts: list[str], missing: np.ndarray, options: TextOptions,
-            progress: bool) -> torch.Tensor:
+            progress: bool, what: str = "item texts") -> torch.Tensor:
     """(N+1, D) with row 0 = padding; items without text follow the `missing` policy."""
-    vecs = encoder.encode(texts, options.batch_size, progress)
+    vecs = encoder.encode(texts, options.batch_size, progress, what)
     if missing.any() and options.missing == "mean":
         if missing.all():
             raise SeqrecError("no item has text: the `mean` fallback has nothing to average")
