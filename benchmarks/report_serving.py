@@ -64,7 +64,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
                 if _serve_goal_met(r["load_during_adds"]) and r["add_failures"] == 0]
     lines += ["", "The /recommend goal at concurrency 8 while the items are added: "
               + (f"met by {'; '.join(f'“{x}”' for x in live_met)}." if live_met else "not met by any row."),
-              *_recommend_before_after(), *_start(d), *_live_before_after(), *_deletes_before_after(), *_workers(),
+              *_recommend_before_after(), *_recommend_against(), *_start(d), *_live_before_after(),
+              *_deletes_before_after(), *_workers(),
               *_compaction(), *_deploy(),
               *_deploy_catalogue(), "",
               *header(["session event at history length", "event, KV cache ms", "event, re-encoding ms", "speed-up",
@@ -154,6 +155,38 @@ def _recommend_before_after() -> list[str]:
     said = (f"met by {'; '.join(met)}." if met else "not met by any row (the service saturates its one core "
             "first: at concurrency 8, p50 is about 8 / requests/s).")
     return [*lines, "", f"The goal at concurrency 8 on this machine: {said}", *_floor()]
+
+
+AGAINST_FILE = "serve_load_recommend_ab.json"  # serve_load.py --parts recommend --against CHECKOUT --out <this>
+AGAINST_CHANGE = "Recommender.top_k cuts a batch's rows as lists at once, not as per-row tensor slices and masks"
+
+
+def _recommend_against() -> list[str]:
+    """The /recommend part at this commit and at another, their services in turn (`--against`)."""
+    d = load_result(AGAINST_FILE)
+    if not d or "recommend_against" not in d:
+        return []
+    theirs = d["recommend_against"]
+    ours, before = d["machine"]["commit"], theirs["commit"]
+    lines = ["", f"{AGAINST_CHANGE}: the /recommend measurement above at {ours} and at {before} (the commit before), "
+             f"a service of each in turn for every row, {theirs['repeats']} times, in one run on "
+             f"{d['machine'].get('cpu_model', 'this machine')}; each cell the run of median time "
+             f"(`serve_load.py --parts recommend --against CHECKOUT --out results/{AGAINST_FILE}`).", "",
+             *header(["index", "concurrency", f"requests/s at {before}", f"at {ours}", "ratio",
+                      f"p50 ms at {before}", f"at {ours}", f"p99 ms at {before}", f"at {ours}"])]
+    ratios = []
+    for index, rows in d["recommend"].items():
+        for c, r in rows.items():
+            o = theirs["recommend"][index][c]
+            ratios.append(r["requests_per_s"] / o["requests_per_s"])
+            lines.append(f"| {index} | {c} | {o['requests_per_s']:.0f} | {r['requests_per_s']:.0f} | "
+                         f"{ratios[-1]:.2f} × | {o['p50_ms']:.2f} | {r['p50_ms']:.2f} | {o['p99_ms']:.2f} | "
+                         f"{r['p99_ms']:.2f} |")
+    eight = [r["8"] for r in d["recommend"].values() if _serve_goal_met(r.get("8"))]
+    lines += ["", f"Requests/s at {ours} against {before}: median ratio {sorted(ratios)[len(ratios) // 2]:.2f} × over "
+              f"the {len(ratios)} rows. The goal at concurrency 8 at {ours} in this run: "
+              + ("met." if eight else "not met by any row.")]
+    return lines
 
 
 def _start(d: dict[str, Any]) -> list[str]:
