@@ -162,7 +162,12 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     assert results["pretrained"] == str(pre.resolve())  # where the weights came from, whatever the working folder
     # a run whose weights already saw a is no start for a zero-shot on a (it would be said to have trained nothing)
     assert main(["finetune", str(a), "--from", str(zs), "--setting", "zero-shot", "--out", str(tmp_path / "no")]) == 2
-    assert f"{zs} was trained on a" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert f"{zs} has already learnt from a" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    # nor is a pre-training run on one of its own domains (b), as a run folder or straight
+    assert main(["finetune", str(b), "--from", str(pre), "--setting", "zero-shot", "--out", str(tmp_path / "no")]) == 2
+    assert f"{pre} has already learnt from b" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert main(["evaluate", str(pre), "--dataset", str(b)]) == 2
+    assert "has already learnt from b" in capsys.readouterr().err
     direct = run(capsys, "evaluate", str(pre), "--dataset", str(a))
     said, direct = direct.split("\n", 1)
     assert said.startswith(f"zero-shot: {pre} on ") and said.endswith("no training on it")

@@ -145,7 +145,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     from seqrec.data.dataset import PreparedDataset
     from seqrec.eval.evaluate import protocol
     from seqrec.train.device import pick_device
-    from seqrec.train.transfer import finetune_model, zero_shot_config
+    from seqrec.train.transfer import check_unseen, finetune_model, zero_shot_config
 
     if not args.dataset:
         raise SeqrecError(f"{run} is a pre-training run: name the dataset to evaluate it on with --dataset")
@@ -153,6 +153,7 @@ def evaluate_zero_shot(run: Path, args: argparse.Namespace) -> int:
     if args.filter_seen is not None:
         cfg.eval.filter_seen = args.filter_seen
     data = PreparedDataset.load(resolve_dataset(args.dataset))
+    check_unseen(run, data)
     device = pick_device(cfg.train.device)
     model = finetune_model(run, data, cfg.model, cfg.data.max_len, trained=False).to(device).eval()
     results: dict[str, Any] = {"protocol": {**protocol(data, cfg.eval, "test", cfg.data.max_len, model),

@@ -124,25 +124,13 @@ def resolve_encoder(name: str) -> str:
 # ---- the frozen encoder --------------------------------------------------------------------------
 
 def _local_revision(path: Path) -> str:
-    """A fingerprint of a local model folder: every file's name and bytes. (Names and sizes alone missed
-    weights written again in place, same shapes, other values: their texts' cached vectors were reused.)
-    A file's digest is computed once per process for each (path, size, modification time)."""
+    """A fingerprint of a local model folder: its config files' bytes and every file's name and size."""
     h = hashlib.sha256()
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path)}:{_file_sha256(f)}\n".encode())
+        h.update(f"{f.relative_to(path)}:{f.stat().st_size}\n".encode())
+        if f.suffix == ".json" and f.stat().st_size < 1 << 20:
+            h.update(f.read_bytes())
     return "local-" + h.hexdigest()[:12]
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def _file_sha256(f: Path) -> str:
-    stat = f.stat()
-    key = (str(f.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _DIGESTS:
-        with f.open("rb") as fh:
-            _DIGESTS[key] = hashlib.file_digest(fh, "sha256").hexdigest()
-    return _DIGESTS[key]
 
 
 def _transformer_dir(path: Path) -> Path:

@@ -266,6 +266,19 @@ def zero_shot_config(pretrained: Path, overrides: dict[str, Any] | None = None) 
                     "train": {"refit": False}})
 
 
+def check_unseen(pretrained: Path, data: PreparedDataset) -> None:
+    """A `SeqrecError` where `pretrained`'s weights already learnt from `data`: a pre-training domain (its data
+    card), or the dataset it was trained, fine-tuned or used zero-shot on (its checkpoint); no zero-shot then."""
+    seen = {read_meta(checkpoint_dir(pretrained)).get("dataset_fingerprint")}
+    card = Path(pretrained) / "data_card.json"
+    if card.is_file():
+        seen |= {d.get("fingerprint") for d in read_json(card).get("domains", [])}
+    if data.fingerprint in seen:
+        raise SeqrecError(f"{pretrained} has already learnt from {data.meta['name']} (dataset fingerprint "
+                          f"{data.fingerprint}): zero-shot means no event of it trained anything; start from a run "
+                          f"that never saw {data.meta['name']}, or evaluate that run on it as it is")
+
+
 def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: Path,
               device: torch.device) -> dict[str, Any]:
     """The pre-trained model moved to `data` through its item text alone, written as a run folder (config,
@@ -276,11 +289,7 @@ def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: 
 
     if cfg.data.max_len != pretrained_max_len(pretrained):
         raise SeqrecError(f"pre-trained with max_len={pretrained_max_len(pretrained)}; use data.max_len equal to it")
-    trained_on = read_meta(checkpoint_dir(pretrained)).get("dataset_fingerprint")
-    if trained_on == data.fingerprint:  # a run trained or fine-tuned on this very dataset: not zero-shot
-        raise SeqrecError(f"{pretrained} was trained on {data.meta['name']} (dataset fingerprint {trained_on}): "
-                          f"zero-shot means no event of it trained anything; evaluate that run with seqrec evaluate "
-                          f"{pretrained}, or start from a run that never saw {data.meta['name']}")
+    check_unseen(pretrained, data)
     pretrained = Path(pretrained).resolve()  # the run folder records where its weights came from, from anywhere
     cfg.train.refit = False
     model = finetune_model(pretrained, data, cfg.model, cfg.data.max_len, trained=False).to(device).eval()
