@@ -2,7 +2,8 @@
 
 A block is runnable when its info string carries the word `run` (```` ```bash run ```` or
 ```` ```python run ````; see docs/getting-started.md, "Contributing"). The blocks of one page run in order,
-in one fresh folder holding `log.csv` (user_id, item_id, timestamp), `items.csv` (item_id, title, brand)
+in one fresh folder holding `log.csv` (user_id, item_id, timestamp), `log.parquet` (another shop's
+log of the same catalogue), `items.csv` (item_id, title, brand)
 and a copy of `configs/`, with `$SEQREC_HOME` inside it: a page's blocks may use what its earlier blocks
 made, never another page's. Shell blocks hold `seqrec` commands only (run in-process through
 `seqrec.cli.main`; each must exit 0); Python blocks are executed as written.
@@ -81,7 +82,8 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     raw = synthetic_log(n_users=60, n_items=30)
     log = raw.interactions.frame.rename({"user": "user_id", "item": "item_id"})
     log.write_csv(tmp_path / "log.csv")
-    log.write_parquet(tmp_path / "log.parquet")
+    other = synthetic_log(n_users=60, n_items=30, seed=1).interactions.frame  # a second shop, the same catalogue
+    other.rename({"user": "user_id", "item": "item_id"}).write_parquet(tmp_path / "log.parquet")
     colours, things = ["red", "blue", "green"], ["drill", "saw", "tape", "glue", "tool"]
     pl.DataFrame({"item_id": [f"i{i}" for i in range(30)],
                   "title": [f"{colours[i % 3]} {things[i % 5]} {i}" for i in range(30)],
