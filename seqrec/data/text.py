@@ -3,13 +3,11 @@
     text_i = the item's text (`seqrec.data.item_text.item_texts`: a template, the `text` field or the known fields)
     x_i    = pool(LM(tokens(text_i)[:max_length]))       CLS or attention-masked mean, LM frozen
 
-The cache lives in `DATASET/text_cache/KEY.safetensors` (+ `KEY.json`), where
-KEY hashes everything the vectors depend on: encoder, revision, pooling,
-maximum length, word-drop rate and a hash of the texts themselves. The same
-inputs reuse the file; any change writes a new one. Tensors: `emb` (N+1, D),
-row 0 = padding (zeros), and `emb_word_drop` (N+1, D), the same items with
-each word dropped with probability `word_drop` (a view for contrastive
-pre-training).
+The cache lives in `DATASET/text_cache/KEY.safetensors` (+ `KEY.json`), where KEY hashes everything the
+vectors depend on: encoder, revision, pooling, maximum length, word-drop rate and a hash of the texts
+themselves. The same inputs reuse the file; any change writes a new one. Tensors: `emb` (N+1, D), row 0 =
+padding (zeros), and `emb_word_drop` (N+1, D), the same items with each word dropped with probability
+`word_drop` (a view for contrastive pre-training).
 
 The encoder computes in bfloat16 where the hardware does so natively (`precision="auto"`: a
 CPU with AVX512-BF16 or AMX, a CUDA device with bf16): its weights are cast once, and it runs
@@ -181,11 +179,11 @@ class TextEncoder:
         return int(self.model.config.hidden_size)
 
     @torch.no_grad()
-    def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False,
-               what: str = "texts") -> np.ndarray:
-        """(n, D) float32 vectors. Each distinct text is encoded once, so equal texts get equal vectors
-        bit for bit (which batch and padding a text lands in moves the last float bits). `what` the
-        progress lines call them."""
+    def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False, what: str = "texts"
+               ) -> np.ndarray:
+        """(n, D) float32 vectors (`what`: their name in progress lines). Each distinct text is encoded once,
+        so equal texts get equal vectors bit for bit (which batch and padding a text lands in moves the last
+        float bits)."""
         distinct, inverse = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
         return self._encode_distinct([str(t) for t in distinct], batch_size, progress, what)[inverse.reshape(-1)]
 
@@ -290,8 +288,7 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     aug = None
     if options.word_drop > 0:
         dropped = word_drop(texts, options.word_drop, options.seed)
-        aug = _encode(encoder, dropped, missing, options, progress,
-                      f"texts with words dropped (pre-training's second view, word_drop {options.word_drop})")
+        aug = _encode(encoder, dropped, missing, options, progress, "word-dropped texts (pre-training's 2nd view)")
     seconds = time.perf_counter() - t0
     encoded = (first is None) + (aug is not None)  # views encoded here
     meta = {**key, "n_items": len(texts), "dim": int(emb.shape[1]), "n_missing": int(missing.sum()),
