@@ -327,6 +327,17 @@ def test_a_replay_takes_the_logged_vectors_and_encodes_texts_without_them(runs: 
     assert third.catalogue.raw_ids == served.catalogue.raw_ids and third.catalogue.titles == served.catalogue.titles
     torch.testing.assert_close(third.catalogue.vectors, served.catalogue.vectors, atol=1e-5, rtol=0)
 
+    # a line's key counts the encoder files' bytes: vectors of weights since rewritten (every size the same,
+    # so names and sizes cannot tell) are encoded again; a line from before the bytes counted keeps its vectors
+    legacy = {**json.loads(lines[2]), "encoder": served.encoder_key(legacy=True)}
+    assert legacy["encoder"] != served.encoder_key()
+    path.write_text("\n".join([lines[0], lines[1], json.dumps(legacy)]) + "\n")
+    calls.clear()
+    fourth = Recommender.from_run(runs["unisrec"])
+    fourth.text_encoder().weights = "rewritten"
+    assert fourth.keep_log(path, write=False) == (2, 0)
+    assert [sorted(c) for c in calls] == [["blue glue for paper"]]  # lines[1]'s vectors: the old weights'
+
 
 def test_every_worker_writes_and_follows_the_shared_log(runs: dict[str, Path], tmp_path: Path) -> None:
     """`seqrec serve --workers N --catalogue-log FILE`: a change made through any worker reaches the others

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,6 +108,40 @@ def test_cache_is_reused_when_unchanged_and_rebuilt_when_a_key_changes(
     changed_texts = PreparedDataset.load(tiny_dataset.path)
     assert not text_embeddings(changed_texts, base, encoder_factory=count).reused
     assert count.calls == 8
+
+
+def test_weights_rewritten_in_place_with_the_same_sizes_are_encoded_again(
+        tiny_dataset: PreparedDataset, tmp_path: Path) -> None:
+    """The cache key names a local encoder by its files' names and sizes; an entry also records the files'
+    bytes, so weights retrained in place (every size the same) do not serve the old vectors. An entry
+    from before that record serves until a file of the encoder changes after it was written."""
+    from safetensors.torch import load_file as load_weights
+    from safetensors.torch import save_file as save_weights
+
+    from seqrec.data.encoder_files import local_revision
+
+    folder = make_tiny_encoder(tmp_path / "enc")
+    count, base = Counting(), TextOptions(encoder=str(folder), max_length=16, word_drop=0.0)
+    first = text_embeddings(tiny_dataset, base, encoder_factory=count)
+    assert "weights" in first.meta and text_embeddings(tiny_dataset, base, encoder_factory=count).reused
+    revision, weights = local_revision(folder), folder / "model.safetensors"
+    size, tensors = weights.stat().st_size, load_weights(str(weights))
+    save_weights({k: v * 1.5 if v.is_floating_point() else v for k, v in tensors.items()}, str(weights),
+                 metadata={"format": "pt"})
+    assert weights.stat().st_size == size and local_revision(folder) == revision  # the key cannot tell
+    again = text_embeddings(tiny_dataset, base, encoder_factory=count)
+    assert not again.reused and count.calls == 2 and again.path == first.path  # the stale entry written over
+    assert not torch.allclose(again.emb, first.emb, atol=1e-4)
+    assert text_embeddings(tiny_dataset, base, encoder_factory=count).reused and count.calls == 2
+    # an entry without the record (an older seqrec's): served while no file changed after it was written
+    meta_path = again.path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+    del meta["weights"]
+    meta_path.write_text(json.dumps(meta))
+    assert text_embeddings(tiny_dataset, base, encoder_factory=count).reused and count.calls == 2
+    meta_path.write_text(json.dumps(meta))
+    os.utime(weights, (time.time() + 5, time.time() + 5))  # the weights changed after the entry
+    assert not text_embeddings(tiny_dataset, base, encoder_factory=count).reused and count.calls == 3
 
 
 def test_items_without_text_raise_or_use_the_chosen_fallback(tiny_dataset: PreparedDataset, encoder_dir: Path,

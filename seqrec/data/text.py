@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
+from seqrec.data.encoder_files import entry_is_fresh, local_revision, transformer_dir, weights_digest
 from seqrec.data.item_text import (
     MissingText,
     fill_missing,
@@ -121,26 +122,6 @@ def resolve_encoder(name: str) -> str:
 
 # ---- the frozen encoder --------------------------------------------------------------------------
 
-def _local_revision(path: Path) -> str:
-    """A fingerprint of a local model folder: its config files' bytes and every file's name and size."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path)}:{f.stat().st_size}\n".encode())
-        if f.suffix == ".json" and f.stat().st_size < 1 << 20:
-            h.update(f.read_bytes())
-    return "local-" + h.hexdigest()[:12]
-
-
-def _transformer_dir(path: Path) -> Path:
-    """A sentence-transformers folder may keep its Transformer module in a subfolder."""
-    modules = path / "modules.json"
-    if modules.is_file() and not (path / "config.json").is_file():
-        for m in json.loads(modules.read_text()):
-            if m.get("type", "").endswith("Transformer"):
-                return path / m.get("path", "")
-    return path
-
-
 class TextEncoder:
     """A frozen Hugging Face encoder with CLS or mean pooling: list of texts -> (n, D) float32."""
 
@@ -153,8 +134,9 @@ class TextEncoder:
         local = Path(self.source).is_dir()
         if not local and Path(self.source).is_absolute():  # a path, and no hub name is one
             raise SeqrecError(f"text encoder {name!r}: no such folder")
-        self.revision = revision or (_local_revision(Path(self.source)) if local else "main")
-        where = str(_transformer_dir(Path(self.source))) if local else self.source
+        self.revision = revision or (local_revision(Path(self.source)) if local else "main")
+        self.weights = weights_digest(Path(self.source)) if local else None  # the files' bytes (encoder_files)
+        where = str(transformer_dir(Path(self.source))) if local else self.source
         kwargs: dict[str, Any] = {} if local else {"revision": self.revision}
         bar = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # its weight-loading bar on every load is noise in a command's output
@@ -294,6 +276,9 @@ def text_embeddings(data: PreparedDataset, options: TextOptions = TextOptions(),
     meta = {**key, "n_items": len(texts), "dim": int(emb.shape[1]), "n_missing": int(missing.sum()),
             "seconds": seconds, "texts_per_s": len(texts) * encoded / max(seconds, 1e-9),
             "options": asdict(options), "precision": encoder.precision}
+    source = Path(resolve_encoder(options.encoder))
+    if source.is_dir():  # what a rewrite of the weights that keeps their sizes changes (encoder_files)
+        meta["weights"] = weights_digest(source)
     tensors = {"emb": emb} | ({"emb_word_drop": aug} if aug is not None else {})
     folder.mkdir(exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}")
@@ -318,12 +303,15 @@ def _cached(folder: Path, options: TextOptions, texts: list[str], missing: np.nd
         if found is None:
             raise
         return found, key, found
-    revision = options.revision or (_local_revision(Path(source)) if Path(source).is_dir() else "main")
+    revision = options.revision or (local_revision(Path(source)) if Path(source).is_dir() else "main")
     # the key names the encoder as given and fingerprints its files, never where they are installed
     key = cache_key(options, options.encoder, revision, thash, bool(missing.any()))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = folder / f"{digest}.safetensors"
-    return (path if path.is_file() else _matching_entry(folder, key)), key, path
+    meta = path.with_suffix(".json")
+    if path.is_file() and entry_is_fresh(json.loads(meta.read_text()), meta, source):
+        return path, key, path
+    return _matching_entry(folder, key, source), key, path  # (a stale entry at `path` is written over)
 
 
 def _lookup(folder: Path, options: TextOptions, texts: list[str], missing: np.ndarray, word_drop_view: bool
@@ -343,11 +331,12 @@ def _reuse(path: Path) -> TextEmbeddings:
     return TextEmbeddings(tensors["emb"], tensors.get("emb_word_drop"), path, True, meta)
 
 
-def _matching_entry(folder: Path, key: dict) -> Path | None:
+def _matching_entry(folder: Path, key: dict, source: str | None = None) -> Path | None:
     """A complete cache entry for the same texts and options made by the same encoder: the same files
-    (a local folder's `revision` fingerprint) wherever they were installed then, the same name and
-    revision otherwise, or, when the encoder is absent here (`revision` None), the encoder of the same
-    name. The newest such entry wins."""
+    (a local folder's `revision` fingerprint, and its weights as they are now at `source`,
+    `encoder_files.entry_is_fresh`) wherever they were installed then, the same name and revision
+    otherwise, or, when the encoder is absent here (`revision` None), the encoder of the same name. The
+    newest such entry wins."""
     if not folder.is_dir():
         return None
     metas = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
@@ -364,7 +353,7 @@ def _matching_entry(folder: Path, key: dict) -> Path | None:
         revision = key["revision"]
         same_encoder = named if revision is None else meta.get("revision") == revision and (
             named or revision.startswith("local-"))  # a fingerprint names the files themselves
-        if same and same_encoder:
+        if same and same_encoder and (source is None or entry_is_fresh(meta, meta_path, source)):
             return vectors
     return None
 

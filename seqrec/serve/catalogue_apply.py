@@ -20,7 +20,7 @@ def apply_changes(path: Path, rec: LiveCatalogue, records: list[tuple[int, dict[
     adding: dict[str, tuple[str, str | None, np.ndarray | None]] = {}  # a run of "items" lines, one batch
     removing: list[str] = []  # a run of "remove" lines, one removal
     lines: list[int] = []  # the lines of the run
-    key = rec.encoder_key() if any(r["op"] == "items" for _, r in records) else None
+    keys = _keys(rec) if any(r["op"] == "items" for _, r in records) else ()
     for number, record in records:
         if record["op"] == "state":
             _flush(path, rec, adding, removing, lines)
@@ -28,7 +28,7 @@ def apply_changes(path: Path, rec: LiveCatalogue, records: list[tuple[int, dict[
             continue
         if record["op"] == "items":
             _flush(path, rec, {}, removing, lines)
-            vectors = record.get("vectors") if record.get("encoder") == key else None
+            vectors = record.get("vectors") if record.get("encoder") in keys else None
             titles = record.get("titles", {})
             for row, (raw, text) in enumerate(record["items"].items()):  # a later text of an id wins
                 adding[raw] = (text, titles.get(raw), None if vectors is None else vectors[row])
@@ -41,12 +41,17 @@ def apply_changes(path: Path, rec: LiveCatalogue, records: list[tuple[int, dict[
         lines.append(number)
     _flush(path, rec, adding, removing, lines)
 
+def _keys(rec: LiveCatalogue) -> tuple[str | None, ...]:
+    """The encoder keys whose vectors a line's texts take: the run's encoder now, and the key of lines written
+    before its files' bytes counted (`LiveCatalogue.encoder_key`)."""
+    return rec.encoder_key(), rec.encoder_key(legacy=True)
+
 def _apply_state(rec: LiveCatalogue, state: dict[str, Any]) -> None:
     """A folded file's state over the catalogue (`CatalogueLog._place`): only what differs, so that what this process
     already has stays as it is on the way: items new here (in the file's order: their indices), given
     another text or live again, then removals. (An item removed here whose text changed meanwhile is
     live between the two: a catalogue keeps a text only with its item recommendable.)"""
-    key = rec.encoder_key() if state["texts"] else None
+    keys = _keys(rec) if state["texts"] else ()
     cat = rec.catalogue
 
     def differs(raw: str, text: str, title: str | None) -> bool:
@@ -56,7 +61,7 @@ def _apply_state(rec: LiveCatalogue, state: dict[str, Any]) -> None:
         return (cat.texts.get(idx) != text or cat.title(idx) != (title or text)
                 or (idx in cat.removed and not state["removed"][raw]))
 
-    adding = {raw: (text, title, vector if encoder == key else None)
+    adding = {raw: (text, title, vector if encoder in keys else None)
               for raw, (text, title, encoder, vector) in state["texts"].items() if differs(raw, text, title)}
     if adding:
         rec.apply_items(adding)

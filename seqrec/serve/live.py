@@ -151,15 +151,17 @@ class LiveCatalogue:
             self._text_encoder = load_text_encoder(replace(options, device=str(self.catalogue.vectors.device)))
         return self._text_encoder
 
-    def encoder_key(self) -> str | None:
-        """What a text's frozen-encoder vector depends on (the encoder's files, its pooling and length), as
-        a catalogue log's lines name it; None for a model without item text."""
+    def encoder_key(self, legacy: bool = False) -> str | None:
+        """What a text's frozen-encoder vector depends on (the encoder's files and their bytes, its pooling
+        and length), as a catalogue log's lines name it; None for a model without item text. `legacy`: the
+        key lines written before the bytes counted carry (names and sizes only, `encoder_files`), whose
+        vectors are still taken as they were."""
         encoder = self.text_encoder()
         if encoder is None:
             return None
         local = encoder.revision.startswith("local-")  # a fingerprint of the files, wherever they are
         what = [encoder.revision if local else [encoder.source, encoder.revision], encoder.pooling,
-                encoder.max_length]
+                encoder.max_length] + ([] if legacy or encoder.weights is None else [encoder.weights])
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
 
     def remove_items(self, raws: Sequence[str]) -> None:
