@@ -44,7 +44,7 @@ PRETRAINED ?= runs/pretrained
 pretrained: setup
 	for d in amazon-games-2018; do \
 	  $(VENV)/bin/seqrec data prepare $$d --source $(SHARED_DATA) || exit 1; done
-	if [ -z "$(OVERWRITE)" ] && [ -f $(PRETRAINED)/results.json ]; then \
+	if [ "$(OVERWRITE)" != 1 ] && [ -f $(PRETRAINED)/results.json ]; then \
 	  echo "$(PRETRAINED) is there (make pretrained OVERWRITE=1 trains it again)"; \
 	else $(VENV)/bin/seqrec pretrain --config configs/pretrain.toml --out $(PRETRAINED) --overwrite; fi
 

@@ -39,7 +39,8 @@ def serve_load(d: dict[str, Any]) -> list[str]:
     lines += ["", f"Goal at concurrency 8: p50 < {SERVE_GOAL['p50_ms']:g} ms, p99 < {SERVE_GOAL['p99_ms']:g} ms and "
               f"at least {SERVE_GOAL['requests_per_s']:g} requests/s: "
               + (f"met by {'; '.join(f'“{i}”' for i in met)}" if met else "not met by any row")
-              + (f"; not by {'; '.join(f'“{i}”' for i in rec if i not in met)}." if len(met) < len(rec) else ".")]
+              + (f"; not by {'; '.join(f'“{i}”' for i in rec if i not in met)}." if len(met) < len(rec) else "."),
+              *_floor_here(d)]
     lives = [r for key, r in sorted(d.items()) if key.startswith("live")]
     lines += ["", f"Live catalogue (UniSRec, {live['added']:,} items added by text, one POST each, while /recommend "
               "ran at concurrency 8): failed requests, /recommend latency during the adds, POST /items latency "
@@ -158,6 +159,7 @@ def _recommend_before_after() -> list[str]:
 
 
 AGAINST_FILE = "serve_load_recommend_ab.json"  # serve_load.py --parts recommend --against CHECKOUT --out <this>
+# the change of a file written before serve_load.py took --change
 AGAINST_CHANGE = "Recommender.top_k cuts a batch's rows as lists at once, not as per-row tensor slices and masks"
 
 
@@ -168,10 +170,10 @@ def _recommend_against() -> list[str]:
         return []
     theirs = d["recommend_against"]
     ours, before = d["machine"]["commit"], theirs["commit"]
-    lines = ["", f"{AGAINST_CHANGE}: the /recommend measurement above at {ours} and at {before} (the commit before), "
-             f"a service of each in turn for every row, {theirs['repeats']} times, in one run on "
+    lines = ["", f"{theirs.get('change', AGAINST_CHANGE)}: the /recommend measurement above at {ours} and at "
+             f"{before}, a service of each in turn for every row, {theirs['repeats']} times, in one run on "
              f"{d['machine'].get('cpu_model', 'this machine')}; each cell the run of median time "
-             f"(`serve_load.py --parts recommend --against CHECKOUT --out results/{AGAINST_FILE}`).", "",
+             f"(`serve_load.py --parts recommend --against CHECKOUT --change TEXT --out results/{AGAINST_FILE}`).", "",
              *header(["index", "concurrency", f"requests/s at {before}", f"at {ours}", "ratio",
                       f"p50 ms at {before}", f"at {ours}", f"p99 ms at {before}", f"at {ours}"])]
     ratios = []
@@ -212,6 +214,20 @@ RECOMMEND_MEASURED = ("Measured at commit 311a490 on the 2-core Intel Xeon (AMX)
                       "commit on another machine are under \u201cThe HTTP stack alone\u201d below.")
 FAST_PATH_FILE = "serve_load_fast_path.json"
 FLOOR_FILE = "serve_load_floor.json"  # serve_load.py --parts recommend floor --out benchmarks/results/<this>
+
+
+def _floor_here(d: dict[str, Any]) -> list[str]:
+    """GET /health on the service of the last /recommend row, measured with those rows (`--parts recommend floor`)."""
+    floor, at = d.get("floor"), d.get("measured_at", {})
+    if not floor or "floor" not in at or at["floor"] != at.get("recommend"):
+        return []  # (a floor of another day is under "The HTTP stack alone")
+    last = list(d["recommend"])[-1]
+    rows = ", ".join(f"concurrency {c}: {r['requests_per_s']:.0f} requests/s, p50 {r['p50_ms']:.2f} ms, "
+                     f"p99 {r['p99_ms']:.2f} ms" for c, r in floor.items())
+    share = d["recommend"][last]["8"]["requests_per_s"] / floor["8"]["requests_per_s"]
+    return ["", f"The HTTP stack alone, GET /health (no model, no search) on the service of the “{last}” row right "
+            f"after its /recommend load: {rows}; at concurrency 8 the HTTP stack takes {share:.0%} of that row's "
+            "/recommend time on the server core."]
 
 
 def _floor() -> list[str]:

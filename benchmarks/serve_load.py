@@ -42,7 +42,7 @@ with 1 torch thread so that the load generator has the other core.
     python benchmarks/serve_load.py            # -> benchmarks/results/serve_load.json
     python benchmarks/serve_load.py --tiny     # seconds; what the test suite runs
     python benchmarks/serve_load.py --parts live   # one part again, the others kept from the file
-    python benchmarks/serve_load.py --parts recommend --against ../old-checkout --out ...
+    python benchmarks/serve_load.py --parts recommend --against ../old-checkout --change "..." --out ...
                 # each row's services of this checkout and of that one in turn, 3 times: a change's effect
                 # measured on the machine as it is at the same moments (timings here drift by the day)
 """
@@ -209,17 +209,19 @@ def bench_recommend(run: Path, n_items: int, n_requests: int, cap: float, index:
 
 
 def bench_recommend_against(run: Path, n_items: int, n_requests: int, cap: float, theirs: Path,
-                            repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The recommend part for this checkout and for `theirs`, a service of each in turn for every row,
-    `repeats` times: (ours, theirs), each row's run of median time per concurrency, every run kept."""
+                            repeats: int, change: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recommend part for this checkout and for `theirs`, a service of each in turn for every row (which
+    goes first alternates), `repeats` times: (ours, theirs), each row's run of median time per concurrency,
+    every run kept; `change`: what this checkout changes, as the report says it."""
     check = subprocess.run([sys.executable, "-c", "import seqrec; print(seqrec.__file__)"], cwd=theirs, text=True,
                            capture_output=True, check=True, env={**os.environ, "PYTHONPATH": str(theirs)})
     if not Path(check.stdout.strip()).resolve().is_relative_to(theirs):  # (an installed seqrec found first)
         raise SystemExit(f"--against {theirs}: its services would import seqrec from {check.stdout.strip()}")
     runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {"ours": {}, "theirs": {}}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for name, index, engine in ROWS:
-            for side, root in (("ours", ROOT), ("theirs", theirs)):
+            sides = (("ours", ROOT), ("theirs", theirs))
+            for side, root in sides if repeat % 2 == 0 else sides[::-1]:
                 rows = bench_recommend(run, n_items, n_requests, cap, index, engine, root=root)["recommend"]
                 for c, r in rows.items():
                     runs[side].setdefault(name, {}).setdefault(c, []).append(r)
@@ -228,7 +230,7 @@ def bench_recommend_against(run: Path, n_items: int, n_requests: int, cap: float
     done = subprocess.run(["git", "-C", str(theirs), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=False)
     return medians["ours"], {"checkout": str(theirs), "commit": done.stdout.strip() or None, "repeats": repeats,
-                             "recommend": medians["theirs"]}
+                             "change": change, "recommend": medians["theirs"]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -528,7 +530,10 @@ def main() -> None:
     p.add_argument("--against", type=Path, help="recommend part: another checkout's service measured in turn with "
                                                 "this one's (each row's median of --repeats runs)")
     p.add_argument("--repeats", type=int, default=3, help="with --against: services of each checkout per row")
+    p.add_argument("--change", help="with --against: what this checkout changes, in a sentence (the report's)")
     args = p.parse_args()
+    if args.against is not None and ("recommend" not in args.parts or not args.change):
+        p.error("--against measures the recommend part (--parts recommend ...) and needs --change")
     n_items = 2_000 if args.tiny else 100_000
     n_requests, cap = (200, 20.0) if args.tiny else (4_000, 60.0)
     n_add = 20 if args.tiny else 1_000
@@ -556,7 +561,7 @@ def main() -> None:
             results.pop("recommend_against", None)  # (measured apart from these rows)
         if against:
             results["recommend"], results["recommend_against"] = bench_recommend_against(
-                sasrec_run, n_items, n_requests, cap, args.against.resolve(), args.repeats)
+                sasrec_run, n_items, n_requests, cap, args.against.resolve(), args.repeats, args.change)
         if "floor" in args.parts:
             results["floor"] = served[-1][1]["floor"]
     if "fast_path" in args.parts:

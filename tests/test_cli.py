@@ -113,6 +113,8 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
         (["data", "stats", "nope"], "no prepared dataset 'nope'"),
         (["data", "stats", "nope"], "prepared: toy"),  # nothing like it: what there is
         (["train", "--dataset", "tyo", "--model", "sasrec"], "did you mean 'toy'?"),
+        (["data", "stats", "{home}/prepared/tyo"], "no prepared dataset at '{home}/prepared/tyo': does not exist"),
+        (["data", "stats", "{home}"], "holds no meta.json"),  # a path: the names prepared are no hint
         (["train", "--dataset", "toy", "--set", "model.dd=3"], "model.dd"),
         (["train", "--dataset", "toy", "--set", "train.lr=fast"], "train.lr"),
         (["train", "--dataset", "toy", "--model", "gpt"], "unknown model"),
@@ -127,7 +129,7 @@ def test_user_mistakes_are_one_line_errors(home: Path, capsys: pytest.CaptureFix
         "--user-col", "uid", "--item-col", "iid", "--time-col", "ts")
     code, _, err = run(capsys, *[a.format(home=home) for a in argv])
     assert code == 2
-    assert err.startswith("seqrec: error:") and message in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("seqrec: error:") and message.format(home=home) in err and len(err.strip().splitlines()) == 1
 
 
 def test_recommend_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -168,6 +168,13 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     assert f"{pre} has already learnt from b" in capsys.readouterr().err and not (tmp_path / "no").exists()
     assert main(["evaluate", str(pre), "--dataset", str(b)]) == 2
     assert "has already learnt from b" in capsys.readouterr().err
+    # ... nor b's events prepared again with other options (another fingerprint): the data card's event sample
+    again = prepare(synthetic_log(n_users=40, n_items=20, seed=1), PrepareOptions(split="time", dedupe="first"),
+                    tmp_path / "b-again")
+    assert again.fingerprint != card["domains"][0]["fingerprint"] and len(card["domains"][0]["events_sketch"]) > 100
+    assert main(["evaluate", str(pre), "--dataset", str(again.path)]) == 2
+    assert "has already learnt from most of b-again's events: about 100% of them are its pre-training domain b's" \
+        in capsys.readouterr().err
     direct = run(capsys, "evaluate", str(pre), "--dataset", str(a))
     said, direct = direct.split("\n", 1)
     assert said.startswith(f"zero-shot: {pre} on ") and said.endswith("no training on it")

@@ -35,6 +35,9 @@ def resolve_dataset(ref: str) -> Path:
     named = _home() / "prepared" / ref
     if (named / "meta.json").is_file():
         return named
+    if len(path.parts) > 1 or path.is_dir():  # a path, not a name: the names prepared are no hint
+        what = "holds no meta.json (a folder `seqrec data prepare --out` writes)" if path.is_dir() else "does not exist"
+        raise SeqrecError(f"no prepared dataset at {ref!r}: {what}")
     prepared = sorted(p.parent.name for p in named.parent.glob("*/meta.json"))
     close = difflib.get_close_matches(ref, prepared, n=1)
     if close:

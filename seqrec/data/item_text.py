@@ -127,8 +127,8 @@ def texts_hash(texts: Sequence[str | None]) -> str:
     return h.hexdigest()[:16]
 
 
-FALLBACK = ('model.text_missing = "id" or "mean" where a model is trained (`seqrec train` or `finetune` with '
-            "--set model.text_missing=id), --missing id | mean for `seqrec text encode`")
+FALLBACK = ('model.text_missing = "id" or "mean" where a model is trained (`seqrec train`, `pretrain` or `finetune` '
+            "with --set model.text_missing=id), --missing id | mean for `seqrec text encode`")
 GIVE_TEXT = "give them text (item-table rows, or a template over fields they have) or choose a fallback: "
 
 

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from seqrec.data.batching import Batch, TrainBatches, ragged_index
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import write_json_atomic
+from seqrec.data.sketch import events_sketch
 from seqrec.data.text import text_embeddings
 from seqrec.errors import SeqrecError
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
@@ -217,7 +218,8 @@ def data_card(datasets: list[PreparedDataset], domains: Domains, model_cfg: UniS
         train_events = int(data.train_end().sum())
         rows.append({"domain": name, "path": str(data.path), "fingerprint": data.fingerprint,
                      "users": data.n_users, "items": data.n_items, "interactions": len(data.items),
-                     "training_events": train_events, "item_offset": offset})
+                     "training_events": train_events, "item_offset": offset,
+                     "events_sketch": events_sketch(data)})  # (a zero-shot refuses these events re-prepared)
     text = model_cfg.text_options()
     return {"domains": rows, "users": sum(r["users"] for r in rows), "items": sum(r["items"] for r in rows),
             "training_events": sum(r["training_events"] for r in rows),

@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from seqrec.config import build
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.io import read_json
+from seqrec.data.sketch import contained, events_sketch
 from seqrec.errors import SeqrecError, not_a_run
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
 from seqrec.train.checkpoint import file_digest, load_checkpoint, read_meta, save_checkpoint, verify_checkpoint
@@ -53,6 +54,7 @@ ARCHITECTURE = ("d", "n_layers", "n_heads", "d_ff", "n_experts", "text_dim", "te
                 "text_pooling", "text_max_length", "text_centre")
 # settings of the pre-training domains, not of a target: a target takes the model's default unless given
 PER_TARGET = ("text_missing",)
+SEEN_SHARE = 0.5  # a target of which a pre-training domain holds this share of the events is no zero-shot target
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -273,10 +275,18 @@ def check_unseen(pretrained: Path, data: PreparedDataset) -> None:
     card = Path(pretrained) / "data_card.json"
     if card.is_file():
         seen |= {d.get("fingerprint") for d in read_json(card).get("domains", [])}
+    name, advice = data.meta["name"], "zero-shot means no event of it trained anything; start from a run that " \
+        f"never saw {data.meta['name']}, or evaluate that run on it as it is"
     if data.fingerprint in seen:
-        raise SeqrecError(f"{pretrained} has already learnt from {data.meta['name']} (dataset fingerprint "
-                          f"{data.fingerprint}): zero-shot means no event of it trained anything; start from a run "
-                          f"that never saw {data.meta['name']}, or evaluate that run on it as it is")
+        raise SeqrecError(f"{pretrained} has already learnt from {name} (dataset fingerprint {data.fingerprint}): "
+                          + advice)
+    sketched = [d for d in read_json(card).get("domains", []) if d.get("events_sketch")] if card.is_file() else []
+    ours = events_sketch(data) if sketched else []
+    for domain in sketched:  # the same events prepared with other options (k-core, split, ...)
+        share = contained(ours, domain["events_sketch"])
+        if share is not None and share >= SEEN_SHARE:
+            raise SeqrecError(f"{pretrained} has already learnt from most of {name}'s events: about {share:.0%} of "
+                              f"them are its pre-training domain {domain['domain']}'s (prepared apart); " + advice)
 
 
 def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: Path,
