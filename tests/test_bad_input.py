@@ -391,7 +391,7 @@ RECOMMEND = [
 ]
 
 SERVE = [
-    case("export-not-a-run", "export {tmp}/nowhere --out {tmp}/out", "no checkpoint"),
+    case("export-not-a-run", "export {tmp}/nowhere --out {tmp}/out", "nowhere: no such run folder"),
     case("export-truncated-weights", "export {tmp}/run --out {tmp}/out", "model.safetensors", run_copy(truncate)),
     case("export-onto-other-files", "export {sasrec} --out {tmp}/mine", "holds other files",
          lambda tmp, w: (tmp / "mine").mkdir() or (tmp / "mine" / "notes.txt").write_text("keep me")),

@@ -120,7 +120,7 @@ def test_prepare_train_evaluate_recommend(home: Path, capsys: pytest.CaptureFixt
         (["train", "--dataset", "toy", "--model", "gpt"], "unknown model"),
         (["train", "--dataset", "toy", "--model", "sasrec", "--config", str(REPO / "configs" / "ml-100k-gru4rec.toml")],
          "--model sasrec contradicts"),  # it trained SASRec with GRU4Rec's settings
-        (["recommend", "{home}/nowhere", "--history", "i1"], "no checkpoint"),
+        (["recommend", "{home}/nowhere", "--history", "i1"], "no such run folder"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(home: Path, capsys: pytest.CaptureFixture[str], argv: list[str],

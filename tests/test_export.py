@@ -184,8 +184,11 @@ def test_refusals(tiny_dataset: PreparedDataset, tmp_path: Path, monkeypatch: py
     ckpt = trained_checkpoint("gru4rec", {}, tiny_dataset, tmp_path / "ckpt")
     with pytest.raises(SeqrecError, match="unknown export format 'tflite'"):
         export_run(ckpt, tmp_path / "out", format="tflite")
-    with pytest.raises(SeqrecError, match="not a run folder"):
+    with pytest.raises(SeqrecError, match="nowhere: no such run folder"):
         export_run(tmp_path / "nowhere", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SeqrecError, match=r"empty: not a run folder \(no checkpoint/model.json\)"):
+        export_run(tmp_path / "empty", tmp_path / "out")
 
     def unexportable(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("no such operator")

@@ -148,9 +148,9 @@ def test_unknown_ids_may_be_skipped(runs: dict[str, Path]) -> None:
     assert [[r["item"] for r in row] for row in part.json()["results"]] == [
         [r.item for r in rec.recommend(["i5"], 3)], [], [r.item for r in rec.recommend(["i3"], 3)]]
     lost = client.post("/recommend/batch", json={"histories": [["gone"], ["lost"]], "unknown": "skip"})
-    assert lost.status_code == 404 and lost.json()["error"].startswith("no history has a known item; histories[0]")
+    assert lost.status_code == 404 and lost.json()["error"].startswith("no history has a known item; histories.0")
     strict = client.post("/recommend/batch", json={"histories": [["i5"], ["gone"]]})
-    assert strict.status_code == 404 and strict.json()["error"].startswith("histories[1]: ")
+    assert strict.status_code == 404 and strict.json()["error"].startswith("histories.1: ")
     # candidates too: the unknown ones left out and named, the rest ranked exactly; none known is a 404
     picked = client.post("/recommend", json={"history": ["i3", "gone"], "candidates": ["nope", "i5", "i6"], "k": 2,
                                               "unknown": "skip"})
@@ -662,8 +662,11 @@ def test_a_port_in_use_is_a_one_line_error(runs: dict[str, Path], capsys: pytest
         taken.listen()
         port = taken.getsockname()[1]
         assert main(["serve", str(runs["sasrec"]), "--port", str(port)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("seqrec: error: cannot listen on 127.0.0.1:") and "\n" not in err
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("seqrec: error: cannot listen on 127.0.0.1:") and "\n" not in err
+        # a folder that holds no run is the mistake named, whether the port is free or not
+        assert main(["serve", str(runs["sasrec"].parent), "--port", str(port)]) == 2
+        assert "not a run folder (no checkpoint/model.json)" in capsys.readouterr().err
 
 
 def test_idle_sessions_expire(runs: dict[str, Path]) -> None:

@@ -490,7 +490,7 @@ def test_a_string_is_not_taken_as_a_list_of_one_character_ids(runs: dict[str, Pa
         rec.recommend_many(["i1", "i2"], k=3)
     with pytest.raises(SeqrecError, match="no histories given"):
         rec.recommend_many([], k=3)
-    with pytest.raises(SeqrecError, match=r"histories\[1\]: unknown item id\(s\) in history: 'zz'"):
+    with pytest.raises(SeqrecError, match=r"histories.1: unknown item id\(s\) in history: 'zz'"):
         rec.recommend_many([["i1"], ["zz"]], k=3)
 
 

@@ -61,9 +61,19 @@ def build_app(options: dict) -> object:
                       write_token=options.get("write_token"))
 
 
+def service_logging() -> None:
+    """A service's log lines: dated to the millisecond (it runs for days), one process or each of its workers
+    (the CLI's own lines give the time of day only)."""
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt)  # (a worker process: nothing configured yet)
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler:  # basicConfig's, not another's (a test's capture)
+            handler.setFormatter(logging.Formatter(fmt))
+
+
 def app_from_env() -> object:
     """uvicorn's factory in each worker process of `seqrec serve --workers N`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service_logging()
     logging.getLogger("faiss").setLevel(logging.WARNING)  # it logs its loader choice at INFO on import
     log = logging.getLogger("seqrec.serve")
     try:
@@ -112,6 +122,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         SessionStore(args.session_store)
     token = write_token(args.write_token_file)
     run = zero_shot_run(run, args.dataset, args.device)
+    from seqrec.train.transfer import checkpoint_dir
+
+    checkpoint_dir(run)  # a folder that holds no run is said as such, before a busy port is
     options = {"run": str(run), "index": args.index, "threads": args.threads, "workers": args.workers,
                "max_sessions": args.max_sessions, "session_events": args.session_events,
                "session_ttl": args.session_ttl, "max_body_bytes": args.max_body_bytes, "device": args.device,
@@ -119,6 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                "catalogue_log": str(Path(args.catalogue_log).resolve()) if args.catalogue_log else None,
                "session_store": str(Path(args.session_store).resolve()) if args.session_store else None,
                "write_token": token}
+    service_logging()
     logging.getLogger("seqrec.serve").setLevel(logging.INFO)
     if token is None and not _loopback(args.host):
         print(f"seqrec serve: warning: anyone who reaches {args.host}:{args.port} can add and remove items; "

@@ -82,7 +82,7 @@ def _recommendations(recs: list[Recommendation], skipped: list[str] | None = Non
     """A `RecommendResponse` body written straight to JSON: the hot path skips building and then
     re-validating pydantic models (a measurable share of a request's CPU under load)."""
     body = {"items": [{"item": r.item, "score": r.score, "title": r.title} for r in recs], "skipped": skipped or []}
-    return Response(json.dumps(body, allow_nan=False).encode(), media_type="application/json")
+    return Response(json.dumps(body, allow_nan=False, separators=(",", ":")).encode(), media_type="application/json")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -256,7 +256,7 @@ def create_app(rec: Recommender, *, max_sessions: int = 10_000, session_events: 
                 except UnknownItem as exc:
                     histories[i], skipped[i], errors[i] = [], list(history), str(exc)
             if all(errors):
-                raise UnknownItem(f"no history has a known item; histories[0]: {errors[0]}")
+                raise UnknownItem(f"no history has a known item; histories.0: {errors[0]}")
         known = [h for h, e in zip(histories, errors, strict=True) if not e]
         answered = iter(await batcher.run(rec.recommend_many, known, req.k, req.exclude_seen))
         return BatchResponse(results=[[] if e else _items(next(answered)) for e in errors], skipped=skipped,

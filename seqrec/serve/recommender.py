@@ -344,7 +344,7 @@ class Recommender(LiveCatalogue):
             try:
                 idx.append(self.to_indices(history))
             except SeqrecError as exc:  # which of the histories
-                raise type(exc)(f"histories[{i}]: {exc}") from None
+                raise type(exc)(f"histories.{i}: {exc}") from None
         return self.recommend_indices(idx, None, [k] * len(idx), [exclude_seen] * len(idx))
 
     @torch.no_grad()
