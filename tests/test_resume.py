@@ -72,7 +72,7 @@ def test_resume_without_state_is_a_one_line_error(tiny_dataset: PreparedDataset,
     cfg = resolve({}, settings(tiny_dataset, "sasrec", ["train.epochs=1"]))
     loop.fit(cfg, tiny_dataset, tmp_path / "run")
     for args, message in [(["--resume", str(tmp_path / "run")], "has finished"),
-                          (["--resume", str(tmp_path / "nothing")], "not a run folder"),
+                          (["--resume", str(tmp_path / "nothing")], "no such run folder"),
                           (["--resume", str(tmp_path / "run"), "--set", "train.epochs=3"], "drop --set")]:
         out = subprocess.run([sys.executable, "-m", "seqrec.cli", "train", *args], capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
