@@ -4,7 +4,9 @@ Encodes every item text of each dataset (as `seqrec text encode` builds them) wi
 encoder, mean pooling, max length 128, batch size 64 (batches of 64 x 64 padded tokens, sorted by
 token length, TextEncoder's path), once per thread count and precision: float32, and bfloat16 where
 the CPU computes it natively (what `precision = "auto"` picks there); and, in bfloat16, the batching
-it replaced (64 texts a batch, sorted by characters, padded to the batch's longest). Repeats
+it replaced (64 texts a batch, sorted by characters, padded to the batch's longest) and, where
+TextEncoder runs the fused bf16 pass (seqrec.data.fused_bert), its batching through the model's own
+forward instead. Repeats
 alternate the paths, so that the machine's noise falls on all; texts/s and tokens/s are medians.
 Also: how far the bf16 vectors are from the float32 ones (cosine distance), the achieved GFLOP/s (2
 x the encoder's non-embedding parameters per token, attention products added) against a square
@@ -47,6 +49,7 @@ def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
 
 
 REPLACED = "bf16, replaced batching"
+UNFUSED = "bf16, the model's own forward"  # TextEncoder's batching without the fused pass (seqrec.data.fused_bert)
 
 
 @torch.no_grad()
@@ -73,6 +76,9 @@ def measure(name: str, threads: list[int], repeats: int, limit: int, peak_n: int
     encoders = {"fp32": TextEncoder(resolve_encoder("default"), precision="fp32")}
     if native_bf16("cpu"):
         encoders["bf16"] = TextEncoder(resolve_encoder("default"), precision="bf16")
+        if encoders["bf16"].fused is not None:
+            encoders[UNFUSED] = TextEncoder(resolve_encoder("default"), precision="bf16")
+            encoders[UNFUSED].fused = None
     ref = encoders["fp32"]
     lengths = [len(ids) for ids in ref.tokenizer(texts, truncation=True, max_length=128)["input_ids"]]
     per_text = flops_per_text(ref, lengths)
@@ -86,6 +92,7 @@ def measure(name: str, threads: list[int], repeats: int, limit: int, peak_n: int
         dist = 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
         out["bf16_cosine_distance"] = {"max": float(dist.max()), "median": float(np.median(dist)),
                                        "goal_max": GOAL_COSINE}
+        out["bf16_fused"] = encoders["bf16"].fused is not None
     paths = {p: (lambda enc=enc: enc.encode(texts, batch_size=64)) for p, enc in encoders.items()}
     if "bf16" in encoders:
         paths[REPLACED] = lambda: replaced_batching(encoders["bf16"], texts)

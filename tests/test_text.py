@@ -14,9 +14,19 @@ import polars as pl
 import pytest
 import torch
 
+import seqrec.data.fused_bert as fused_bert
 import seqrec.data.item_text as item_text_module
 from seqrec.data.dataset import PreparedDataset
-from seqrec.data.text import TextEncoder, TextOptions, default_encoder_path, item_texts, text_embeddings, word_drop
+from seqrec.data.fused_bert import fused_forward
+from seqrec.data.text import (
+    TextEncoder,
+    TextOptions,
+    default_encoder_path,
+    item_texts,
+    native_bf16,
+    text_embeddings,
+    word_drop,
+)
 from seqrec.errors import SeqrecError
 from tests.unisrec_helpers import TEXT_DIM, make_tiny_encoder
 
@@ -240,6 +250,44 @@ def test_fast_paths_agree_with_the_reference_encoder() -> None:
     cos = (fast * reference).sum(1) / np.linalg.norm(fast, axis=1) / np.linalg.norm(reference, axis=1)
     assert fast.dtype == np.float32 and float((1 - cos).max()) < 1e-3
     assert not np.array_equal(fast, reference)  # it did compute in bf16
+
+
+def test_the_fused_bf16_pass_computes_the_models_forward(encoder_dir: Path) -> None:
+    """On the shipped encoder (six layers) and a tiny BERT: the fused pass against the model's own bf16
+    forward, on padded batches; a pass that differs from the model's falls back to it."""
+    if not native_bf16("cpu") or not reproducible_here():
+        pytest.skip("the fused pass needs a CPU with native bf16 and torch's oneDNN kernels")
+    names = [str(encoder_dir)]
+    try:
+        default_encoder_path()
+        names.append("default")
+    except SeqrecError:
+        pass  # the tiny BERT alone
+    for name in names:
+        enc = TextEncoder(name, precision="bf16")
+        assert enc.fused is not None
+        ids = enc.tokenizer([f"{t} #{i}" for i, t in enumerate(SENTENCES)], truncation=True, max_length=32)["input_ids"]
+        tok = enc._padded(ids, max(map(len, ids)))
+        with torch.no_grad():
+            theirs = enc.model(**tok).last_hidden_state.float()
+        mine = enc.fused(**tok).float()
+        keep = tok["attention_mask"].bool()
+        cos = torch.nn.functional.cosine_similarity(mine[keep], theirs[keep], dim=-1)
+        assert float((1 - cos).max()) < 1e-3
+        assert not torch.equal(mine, theirs)  # it is another computation, not the model's forward again
+    assert fused_forward(TextEncoder(str(encoder_dir), precision="fp32").model, tok) is None  # bf16 only
+
+
+def test_a_fused_pass_that_differs_is_not_used(encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not native_bf16("cpu") or not reproducible_here():
+        pytest.skip("the fused pass needs a CPU with native bf16 and torch's oneDNN kernels")
+    monkeypatch.setattr(fused_bert, "PROBE_COSINE", -1.0)  # no pass can be that close
+    enc = TextEncoder(str(encoder_dir), precision="bf16")
+    assert enc.fused is None and enc.encode(["saw", "glue"]).shape == (2, enc.dim)
+
+
+def reproducible_here() -> bool:
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
 
 
 def test_precision_is_recorded_but_not_part_of_the_cache_key(tiny_dataset: PreparedDataset,

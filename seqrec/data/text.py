@@ -10,8 +10,9 @@ padding (zeros), and `emb_word_drop` (N+1, D), the same items with each word dro
 `word_drop` (a view for contrastive pre-training).
 
 The encoder computes in bfloat16 where the hardware does so natively (`precision="auto"`: a
-CPU with AVX512-BF16 or AMX, a CUDA device with bf16): its weights are cast once, and it runs
-at two to three times the texts per second of float32 on such a CPU; pooling and the stored
+CPU with AVX512-BF16 or AMX, a CUDA device with bf16): its weights are cast once, a BERT runs
+through a fused pass on the CPU (seqrec.data.fused_bert), and it runs at two to four times the
+texts per second of float32 on such a CPU; pooling and the stored
 vectors stay float32, and the vectors agree with float32's to within 1e-3 cosine distance (a
 few 1e-5 measured: benchmarks/text_encode.py measures both). Precision is not part of the
 cache key, as the vectors it changes are equal within that tolerance; the JSON beside each file
@@ -43,6 +44,7 @@ from tqdm.auto import tqdm
 
 from seqrec.data.dataset import PreparedDataset
 from seqrec.data.encoder_files import entry_is_fresh, local_revision, transformer_dir, weights_digest
+from seqrec.data.fused_bert import fused_forward
 from seqrec.data.item_text import (
     MissingText,
     fill_missing,
@@ -155,6 +157,13 @@ class TextEncoder:
         self.precision = ("bf16" if native_bf16(device) else "fp32") if precision == "auto" else precision
         if self.precision == "bf16":  # weights cast once: autocast cast every weight at every call (a sixth
             self.model = self.model.to(torch.bfloat16)  # of the time) for no closer vectors worth having
+        probe = self.tokenizer(["A probe text, to check the fused pass.", "Two words"])["input_ids"]
+        self.fused = fused_forward(self.model, self._padded(probe, max(map(len, probe))))  # None: the model's
+
+    def forward(self, tok: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(b, T, D) last hidden states of a padded batch: the fused bf16 pass where it applies (fused_bert)."""
+        return (self.model(**tok).last_hidden_state if self.fused is None
+                else self.fused(tok["input_ids"], tok["attention_mask"]))
 
     @property
     def dim(self) -> int:
@@ -196,7 +205,7 @@ class TextEncoder:
             rows = order[lo : lo + max(1, budget // longest)]
             lo += len(rows)
             tok = self._padded([ids[i] for i in rows], longest)
-            hidden = self.model(**tok).last_hidden_state.float()  # (b, T, D); pooled in float32
+            hidden = self.forward(tok).float()  # (b, T, D); pooled in float32
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
             else:

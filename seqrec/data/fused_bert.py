@@ -1,0 +1,98 @@
+"""A fused forward pass of a BERT-architecture text encoder for bf16 on a CPU with native bf16.
+
+The Hugging Face BertModel runs, per layer, three query/key/value products, attention, an output
+product, an add and a layer norm, an FFN product, a GELU pass over its (B, T, 4D) output, a second
+product, an add and a layer norm. On a 2-core Xeon with AMX, the GELU pass and the bias copies of
+`addmm` took as long as a third of the products. Here the three projections are one product, the
+GELU and the residual adds are oneDNN post-ops of the products they follow (the fused kernels
+torch.compile's CPU backend calls, `torch.ops.mkldnn._linear_pointwise`), and the layers' weights
+are the model's own tensors (nothing copied but the concatenated QKV). Same function, fewer passes
+over memory: benchmarks/text_encode.py measures it against the model's own forward.
+
+`fused_forward(model)` returns the pass for models it reproduces (BERT with absolute positions,
+exact GELU, an encoder, bf16 weights on the CPU), after checking it against the model's own forward
+on a probe batch; otherwise None, and TextEncoder calls the model. Shapes: B texts, T tokens, D
+hidden, H heads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> (B, T, D)
+PROBE_COSINE = 1e-3  # the probe batch's largest cosine distance from the model's own forward
+
+
+class _Layer:
+    """One BERT layer's weights, QKV concatenated (3D, D)."""
+
+    def __init__(self, layer: Any) -> None:
+        att = layer.attention
+        parts = (att.self.query, att.self.key, att.self.value)
+        self.w_qkv = torch.cat([p.weight for p in parts]).contiguous()
+        self.b_qkv = torch.cat([p.bias for p in parts]).contiguous()
+        self.out, self.norm1 = att.output.dense, att.output.LayerNorm
+        self.ffn1, self.ffn2, self.norm2 = layer.intermediate.dense, layer.output.dense, layer.output.LayerNorm
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, act: str = "none") -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, act, [], "none")  # "none": the exact (erf) GELU
+
+
+def _linear_add(x: torch.Tensor, residual: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, linear.weight, linear.bias, "add")
+
+
+def reproducible(model: Any) -> bool:
+    """Whether the fused pass computes what `model` computes, and this torch has the fused kernels."""
+    cfg = model.config
+    first = next(model.parameters())
+    return (getattr(cfg, "model_type", "") == "bert" and cfg.hidden_act == "gelu"
+            and getattr(cfg, "position_embedding_type", "absolute") == "absolute"
+            and not getattr(cfg, "is_decoder", False) and first.device.type == "cpu"
+            and first.dtype == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.backends, "mkldnn") and torch.backends.mkldnn.is_available())
+
+
+def fused_forward(model: Any, probe: dict[str, torch.Tensor]) -> Forward | None:
+    """The fused pass of `model` (the last hidden states, as the model's `last_hidden_state`), or None
+    where it does not apply or where it differs from the model's own forward on the `probe` batch."""
+    if not reproducible(model):
+        return None
+    layers = [_Layer(layer) for layer in model.encoder.layer]
+    heads = int(model.config.num_attention_heads)
+
+    @torch.no_grad()
+    def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = model.embeddings(input_ids=input_ids)  # (B, T, D), the model's own embeddings and layer norm
+        b, t, d = x.shape
+        mask = torch.zeros((b, 1, 1, t), dtype=x.dtype, device=x.device)  # (B, 1, 1, T) additive, over keys
+        mask.masked_fill_(attention_mask[:, None, None, :] == 0, torch.finfo(x.dtype).min)
+        x = x.reshape(b * t, d)
+        for layer in layers:
+            qkv = _linear(x, layer.w_qkv, layer.b_qkv).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            att = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask)  # (B, H, T, D/H)
+            att = att.transpose(1, 2).reshape(b * t, d)
+            x = layer.norm1(_linear_add(att, x, layer.out))
+            x = layer.norm2(_linear_add(_linear(x, layer.ffn1.weight, layer.ffn1.bias, "gelu"), x, layer.ffn2))
+        return x.view(b, t, d)
+
+    try:
+        with torch.no_grad():
+            mine, theirs = forward(**probe).float(), model(**probe).last_hidden_state.float()
+    except RuntimeError as exc:  # a kernel this build of torch or oneDNN lacks
+        log.info("text encoder: the fused bf16 pass cannot run here (%s); using the model's own", exc)
+        return None
+    keep = probe["attention_mask"].bool()
+    distance = float((1 - F.cosine_similarity(mine[keep], theirs[keep], dim=-1)).max())
+    if distance > PROBE_COSINE:
+        log.info("text encoder: the fused bf16 pass is %.1e from the model's own; using the model's", distance)
+        return None
+    return forward
