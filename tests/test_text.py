@@ -281,7 +281,16 @@ def test_the_fused_bf16_pass_computes_the_models_forward(encoder_dir: Path) -> N
 def test_a_fused_pass_that_differs_is_not_used(encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not native_bf16("cpu") or not reproducible_here():
         pytest.skip("the fused pass needs a CPU with native bf16 and torch's oneDNN kernels")
-    monkeypatch.setattr(fused_bert, "PROBE_COSINE", -1.0)  # no pass can be that close
+    assert TextEncoder(str(encoder_dir), precision="bf16").fused is not None
+    with monkeypatch.context() as patch:
+        patch.setattr(fused_bert, "PROBE_COSINE", -1.0)  # no pass can be that close
+        enc = TextEncoder(str(encoder_dir), precision="bf16")
+        assert enc.fused is None and enc.encode(["saw", "glue"]).shape == (2, enc.dim)
+
+    def lacking(*args: object) -> None:
+        raise AttributeError("'_OpNamespace' 'mkldnn' object has no attribute '_linear_pointwise.binary'")
+
+    monkeypatch.setattr(fused_bert, "_linear_add", lacking)  # a torch without the kernel
     enc = TextEncoder(str(encoder_dir), precision="bf16")
     assert enc.fused is None and enc.encode(["saw", "glue"]).shape == (2, enc.dim)
 

@@ -87,7 +87,7 @@ def fused_forward(model: Any, probe: dict[str, torch.Tensor]) -> Forward | None:
     try:
         with torch.no_grad():
             mine, theirs = forward(**probe).float(), model(**probe).last_hidden_state.float()
-    except RuntimeError as exc:  # a kernel this build of torch or oneDNN lacks
+    except (RuntimeError, AttributeError, TypeError) as exc:  # a kernel (or its overload) this torch lacks
         log.info("text encoder: the fused bf16 pass cannot run here (%s); using the model's own", exc)
         return None
     keep = probe["attention_mask"].bool()
