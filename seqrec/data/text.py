@@ -11,8 +11,8 @@ padding (zeros), and `emb_word_drop` (N+1, D), the same items with each word dro
 
 The encoder computes in bfloat16 where the hardware does so natively (`precision="auto"`: a
 CPU with AVX512-BF16 or AMX, a CUDA device with bf16): its weights are cast once, a BERT runs
-through a fused pass on the CPU (seqrec.data.fused_bert), and it runs at two to four times the
-texts per second of float32 on such a CPU; pooling and the stored
+through a fused pass on the CPU (seqrec.data.fused_bert), and it runs at several times the
+texts per second of float32 on such a CPU (benchmarks/text_encode.py); pooling and the stored
 vectors stay float32, and the vectors agree with float32's to within 1e-3 cosine distance (a
 few 1e-5 measured: benchmarks/text_encode.py measures both). Precision is not part of the
 cache key, as the vectors it changes are equal within that tolerance; the JSON beside each file
