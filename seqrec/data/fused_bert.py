@@ -2,8 +2,9 @@
 
 The Hugging Face BertModel runs, per layer, three query/key/value products, attention, an output
 product, an add and a layer norm, an FFN product, a GELU pass over its (B, T, 4D) output, a second
-product, an add and a layer norm. On a 2-core Xeon with AMX, the GELU pass and the bias copies of
-`addmm` took as long as a third of the products. Here the three projections are one product, the
+product, an add and a layer norm. On a CPU with AMX, the products are fast enough that the GELU pass,
+the adds and `addmm`'s bias copies take a large share of the time (torch.profiler shows it). Here
+the three projections are one product, the
 GELU and the residual adds are oneDNN post-ops of the products they follow (the fused kernels
 torch.compile's CPU backend calls, `torch.ops.mkldnn._linear_pointwise`), and the layers' weights
 are the model's own tensors (nothing copied but the concatenated QKV). Same function, fewer passes
