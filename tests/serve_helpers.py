@@ -3,9 +3,13 @@ model, so items can be added by text), trained for a few epochs on the generated
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -68,3 +72,32 @@ def same_catalogue(a: Recommender, b: Recommender) -> None:
         got, want = b.recommend(history, 10), a.recommend(history, 10)
         assert [r.item for r in got] == [r.item for r in want]
         assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, seconds: float = 90.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"seqrec serve exited ({proc.returncode}):\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"seqrec serve not healthy after {seconds:.0f} s:\n{log.read_text()}")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)

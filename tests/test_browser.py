@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve_helpers import train_tiny_runs
+from tests.serve_helpers import free_port, stop_process, train_tiny_runs, wait_healthy
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -36,42 +35,13 @@ pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, seconds: float = 90.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"seqrec serve exited ({proc.returncode}):\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"seqrec serve not healthy after {seconds:.0f} s:\n{log.read_text()}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`seqrec serve` on a tiny UniSRec run, on a free loopback port, its write token from the environment;
     yields its base URL."""
     root = tmp_path_factory.mktemp("browser")
     run = train_tiny_runs(root, ("unisrec",))["unisrec"]
-    port, log = _free_port(), root / "serve.log"
+    port, log = free_port(), root / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "SEQREC_WRITE_TOKEN": WRITE_TOKEN}
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "seqrec.cli", "serve", str(run), "--host", "127.0.0.1",
@@ -79,10 +49,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                 env=env, cwd=REPO)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, log)
+        wait_healthy(url, proc, log)
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from seqrec.serve import Recommender
 from seqrec.serve.app import create_app
-from tests.serve_helpers import hold_rebuilds, train_tiny_runs
+from tests.serve_helpers import free_port, hold_rebuilds, stop_process, train_tiny_runs, wait_healthy
 
 fastapi = pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -595,3 +595,30 @@ def test_seqrec_serve_runs_uvicorn_with_the_json_error_protocol(runs: dict[str, 
         port = s.getsockname()[1]
     assert main(["serve", str(runs["sasrec"]), "--port", str(port)]) == 0
     assert taken["http"] is JsonErrorProtocol and taken["port"] == port
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_service_stopped_by_sigterm_says_so_and_ends_by_the_signal(runs: dict[str, Path], tmp_path: Path,
+                                                                     workers: int) -> None:
+    """uvicorn shuts down gracefully on SIGTERM and then raises the signal again, which ended a one-process
+    service before its 'stopped' line; the line is printed and the exit status still says SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "seqrec.cli", "serve", str(runs["sasrec"]), "--port",
+                                 str(port), "--workers", str(workers), "--engine", "torch"], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        stop_process(proc)
+    said = log.read_text()
+    assert f"seqrec serve: stopped ({runs['sasrec']}" in said, said
+    assert code in (0, -signal.SIGTERM), said  # uvicorn's workers' main process returns; one process re-raises

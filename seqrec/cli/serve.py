@@ -9,10 +9,12 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from seqrec.cli.common import zero_shot_run
@@ -145,8 +147,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         app = build_app(options)  # a run or catalogue log that cannot be served is said before any address
         print(said, flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, **uvicorn_options())  # type: ignore[arg-type]
-        print(f"seqrec serve: stopped ({run})", flush=True)  # uvicorn's own lines are below log_level
+        with _says_stopped(f"seqrec serve: stopped ({run})"):  # uvicorn's own lines are below log_level
+            uvicorn.run(app, host=args.host, port=args.port, **uvicorn_options())  # type: ignore[arg-type]
         return 0
     print(said, flush=True)
     # each worker builds its own app; they share the sessions through one store file (a temporary one unless
@@ -160,10 +162,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options["metrics_folder"] = str(Path(scratch) / "metrics")
         os.environ[ENV] = json.dumps(options)
         # SIGHUP: uvicorn replaces the workers one at a time, each new one answering before the old one stops
-        uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, timeout_worker_healthcheck=ready, **uvicorn_options())
-    print(f"seqrec serve: stopped ({run}, {args.workers} workers)", flush=True)
+        with _says_stopped(f"seqrec serve: stopped ({run}, {args.workers} workers)"):
+            uvicorn.run("seqrec.cli.serve:app_from_env", factory=True, host=args.host, port=args.port,
+                        workers=args.workers, timeout_worker_healthcheck=ready, **uvicorn_options())
     return 0
+
+
+@contextlib.contextmanager
+def _says_stopped(line: str) -> Iterator[None]:
+    """Print `line` when the service stops: on return, or on SIGTERM / SIGINT, which uvicorn catches to shut
+    down gracefully and then raises again with the handlers it found (these): the line, then the process
+    ends by the signal as it would have without them (exit status 128 + the signal's number)."""
+    def stop(signum: int, frame: object) -> None:
+        print(line, flush=True)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    main = threading.current_thread() is threading.main_thread()  # handlers can be set from there alone
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    print(line, flush=True)
 
 
 def cmd_compact_log(args: argparse.Namespace) -> int:
