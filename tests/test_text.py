@@ -255,7 +255,7 @@ def test_fast_paths_agree_with_the_reference_encoder() -> None:
 def test_the_fused_bf16_pass_computes_the_models_forward(encoder_dir: Path) -> None:
     """On the shipped encoder (six layers) and a tiny BERT: the fused pass against the model's own bf16
     forward, on padded batches; a pass that differs from the model's falls back to it."""
-    if not native_bf16("cpu") or not reproducible_here():
+    if not native_bf16("cpu") or not fused_bert.kernels_available():
         pytest.skip("the fused pass needs a CPU with native bf16 and torch's oneDNN kernels")
     names = [str(encoder_dir)]
     try:
@@ -275,11 +275,11 @@ def test_the_fused_bf16_pass_computes_the_models_forward(encoder_dir: Path) -> N
         cos = torch.nn.functional.cosine_similarity(mine[keep], theirs[keep], dim=-1)
         assert float((1 - cos).max()) < 1e-3
         assert not torch.equal(mine, theirs)  # it is another computation, not the model's forward again
-    assert fused_forward(TextEncoder(str(encoder_dir), precision="fp32").model, tok) is None  # bf16 only
+    assert fused_forward(TextEncoder(str(encoder_dir), precision="fp32").model, lambda: tok) is None  # bf16 only
 
 
 def test_a_fused_pass_that_differs_is_not_used(encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not native_bf16("cpu") or not reproducible_here():
+    if not native_bf16("cpu") or not fused_bert.kernels_available():
         pytest.skip("the fused pass needs a CPU with native bf16 and torch's oneDNN kernels")
     assert TextEncoder(str(encoder_dir), precision="bf16").fused is not None
     with monkeypatch.context() as patch:
@@ -293,10 +293,6 @@ def test_a_fused_pass_that_differs_is_not_used(encoder_dir: Path, monkeypatch: p
     monkeypatch.setattr(fused_bert, "_linear_add", lacking)  # a torch without the kernel
     enc = TextEncoder(str(encoder_dir), precision="bf16")
     assert enc.fused is None and enc.encode(["saw", "glue"]).shape == (2, enc.dim)
-
-
-def reproducible_here() -> bool:
-    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
 
 
 def test_precision_is_recorded_but_not_part_of_the_cache_key(tiny_dataset: PreparedDataset,

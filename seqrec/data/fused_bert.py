@@ -51,6 +51,11 @@ def _linear_add(x: torch.Tensor, residual: torch.Tensor, linear: torch.nn.Linear
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, linear.weight, linear.bias, "add")
 
 
+def kernels_available() -> bool:
+    """Whether this torch has oneDNN and its fused linear kernels."""
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
+
+
 def reproducible(model: Any) -> bool:
     """Whether the fused pass computes what `model` computes, and this torch has the fused kernels."""
     cfg = model.config
@@ -58,15 +63,16 @@ def reproducible(model: Any) -> bool:
     return (getattr(cfg, "model_type", "") == "bert" and cfg.hidden_act == "gelu"
             and getattr(cfg, "position_embedding_type", "absolute") == "absolute"
             and not getattr(cfg, "is_decoder", False) and first.device.type == "cpu"
-            and first.dtype == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.backends, "mkldnn") and torch.backends.mkldnn.is_available())
+            and first.dtype == torch.bfloat16 and kernels_available())
 
 
-def fused_forward(model: Any, probe: dict[str, torch.Tensor]) -> Forward | None:
+def fused_forward(model: Any, probe: Callable[[], dict[str, torch.Tensor]]) -> Forward | None:
     """The fused pass of `model` (the last hidden states, as the model's `last_hidden_state`), or None
-    where it does not apply or where it differs from the model's own forward on the `probe` batch."""
+    where it does not apply or where it differs from the model's own forward on the batch `probe()`
+    makes (made only where the pass applies)."""
     if not reproducible(model):
         return None
+    batch = probe()
     layers = [_Layer(layer) for layer in model.encoder.layer]
     heads = int(model.config.num_attention_heads)
 
@@ -87,11 +93,11 @@ def fused_forward(model: Any, probe: dict[str, torch.Tensor]) -> Forward | None:
 
     try:
         with torch.no_grad():
-            mine, theirs = forward(**probe).float(), model(**probe).last_hidden_state.float()
+            mine, theirs = forward(**batch).float(), model(**batch).last_hidden_state.float()
     except (RuntimeError, AttributeError, TypeError) as exc:  # a kernel (or its overload) this torch lacks
         log.info("text encoder: the fused bf16 pass cannot run here (%s); using the model's own", exc)
         return None
-    keep = probe["attention_mask"].bool()
+    keep = batch["attention_mask"].bool()
     distance = float((1 - F.cosine_similarity(mine[keep], theirs[keep], dim=-1)).max())
     if distance > PROBE_COSINE:
         log.info("text encoder: the fused bf16 pass is %.1e from the model's own; using the model's", distance)

@@ -11,12 +11,11 @@ padding (zeros), and `emb_word_drop` (N+1, D), the same items with each word dro
 
 The encoder computes in bfloat16 where the hardware does so natively (`precision="auto"`: a
 CPU with AVX512-BF16 or AMX, a CUDA device with bf16): its weights are cast once, a BERT runs
-through a fused pass on the CPU (seqrec.data.fused_bert), and it runs at several times the
-texts per second of float32 on such a CPU (benchmarks/text_encode.py); pooling and the stored
-vectors stay float32, and the vectors agree with float32's to within 1e-3 cosine distance (a
-few 1e-5 measured: benchmarks/text_encode.py measures both). Precision is not part of the
-cache key, as the vectors it changes are equal within that tolerance; the JSON beside each file
-records which was used.
+through a fused pass on the CPU (seqrec.data.fused_bert), and it runs at several times the texts
+per second of float32 on such a CPU; pooling and the stored vectors stay float32, and the vectors
+agree with float32's to within 1e-3 cosine distance (benchmarks/text_encode.py measures both).
+Precision is not part of the cache key, as the vectors it changes are equal within that tolerance;
+the JSON beside each file records which was used.
 
 Items with no text: `missing="id"` uses the text "item <raw id>", `missing="mean"` the mean vector of the items
 that have text, `missing="error"` refuses. The default, "auto", takes the mean for a few (at most 1% of the
@@ -157,8 +156,11 @@ class TextEncoder:
         self.precision = ("bf16" if native_bf16(device) else "fp32") if precision == "auto" else precision
         if self.precision == "bf16":  # weights cast once: autocast cast every weight at every call (a sixth
             self.model = self.model.to(torch.bfloat16)  # of the time) for no closer vectors worth having
-        probe = self.tokenizer(["A probe text, to check the fused pass.", "Two words"])["input_ids"]
-        self.fused = fused_forward(self.model, self._padded(probe, max(map(len, probe))))  # None: the model's
+        self.fused = fused_forward(self.model, self._probe)  # None: the model's own forward
+
+    def _probe(self) -> dict[str, torch.Tensor]:
+        ids = self.tokenizer(["A probe text, to check the fused pass.", "Two words"])["input_ids"]
+        return self._padded(ids, max(map(len, ids)))
 
     def forward(self, tok: dict[str, torch.Tensor]) -> torch.Tensor:
         """(b, T, D) last hidden states of a padded batch: the fused bf16 pass where it applies (fused_bert)."""
