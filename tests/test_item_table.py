@@ -46,13 +46,30 @@ def write_items(folder: Path, suffix: str) -> Path:
     return path
 
 
+def test_ids_padded_with_spaces_join_in_the_log_and_the_table(tmp_path: Path) -> None:
+    """`a ` in a log and ` a` in an item table are one id (a CSV written with spaces after its commas);
+    an id of spaces alone is an empty id, refused at its line."""
+    log = tmp_path / "log.csv"
+    log.write_text("uid,sku,ts\n" + "".join(f"{u}, {i} ,{t}\n" for u, i, t in LOG))
+    items = tmp_path / "items.csv"
+    items.write_text("sku,title\n" + "".join(f" {row['sku']},{row['title']}\n" for row in ITEMS))
+    raw = read_table(log, "uid", "sku", "ts")
+    assert sorted(raw.interactions.frame["item"].unique()) == ["a", "b", "c", "x"]
+    joined = join_item_table(raw, read_item_table(items, "sku"))
+    assert joined.catalogue is not None and joined.catalogue["log_items_without_row"] == 1  # x alone
+    log.write_text("uid,sku,ts\nu1,a,1\nu1,   ,2\n")
+    with pytest.raises(SeqrecError, match="line 3: empty item id"):
+        read_table(log, "uid", "sku", "ts")
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".parquet", ".jsonl"])
 def test_join_counts_unmatched_and_catalogue_only_items(tmp_path: Path, suffix: str,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     raw = read_table(write_log(tmp_path), "uid", "sku", "ts")
     joined = join_item_table(raw, read_item_table(write_items(tmp_path, suffix), "sku"), "{title}. {brand}")
     # 1 of 4 log items has no row: more than "auto" stands in for, and the warning says what a text model will do
-    assert "1 of the log's 4 items (25.0%) have no row" in caplog.text
+    assert "1 of the log's 4 items have no row" in caplog.text
+    assert "2 of the catalogue's 6 items (33.3%) have no text" in caplog.text  # with 'e', whose text is empty
     assert "a text model refuses them until you choose model.text_missing" in caplog.text
     assert joined.catalogue is not None
     assert {k: joined.catalogue[k] for k in ("table_items", "table_items_without_interactions",

@@ -202,6 +202,9 @@ def test_recipe_zero_shot_run_and_evaluate(setup: tuple[Path, Path, Path], tmp_p
     assert main(["recommend", str(pre), "--history", "i1"]) == 2
     assert "is a pre-training run" in capsys.readouterr().err
     assert main(["export", str(pre), "--dataset", str(a)]) == 0 and (served / "export-onnx" / "manifest.json").is_file()
+    assert "replaced" not in capsys.readouterr().out
+    assert main(["export", str(pre), "--dataset", str(a)]) == 0  # again: says that it replaced the first
+    assert "(the earlier export there replaced)" in capsys.readouterr().out
     assert main(["export", str(pre)]) == 2 and "--dataset" in capsys.readouterr().err
 
 

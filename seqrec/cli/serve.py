@@ -270,10 +270,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     run = zero_shot_run(Path(args.run), args.dataset, "cpu")  # a pre-training run: on --dataset
     dest = Path(args.out) if args.out else run / f"export-{args.format}"
+    replaced = dest.exists()
     manifest = export_run(run, dest, format=args.format, opset=args.opset)
     outputs = ", ".join(o["name"] for o in manifest["encoder"]["outputs"])
-    print(f"exported {manifest['model']} -> {dest} ({manifest['format']}, opset {manifest['opset']}, "
-          f"{manifest['exporter']} exporter; outputs {outputs}; {manifest['n_items']} items)")
+    print(f"exported {manifest['model']} -> {dest}{' (the earlier export there replaced)' if replaced else ''} "
+          f"({manifest['format']}, opset {manifest['opset']}, {manifest['exporter']} exporter; outputs {outputs}; "
+          f"{manifest['n_items']} items)")
     return 0
 
 

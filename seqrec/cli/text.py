@@ -90,6 +90,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     sets = _split_overrides(list(args.set or []), ("data", "model", "train", "eval"))
     setting: Setting = "inductive" if args.setting == "zero-shot" else args.setting
     pretrained = Path(getattr(args, "from"))
+    target = resolve_dataset(args.dataset)  # an unknown target refused before anything is said about the model
     check_architecture(pretrained, sets["model"])
     overrides = {**recipe_model_settings(pretrained, raw.pop("model", {})), **sets.pop("model")}
     if args.transfer == "adaptor":  # a fresh Transformer is trained, not frozen
@@ -101,7 +102,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     for section, values in sets.items():
         raw[section] = {**raw.get(section, {}), **values}
     cfg = resolve(raw)
-    data = PreparedDataset.load(resolve_dataset(args.dataset))
+    data = PreparedDataset.load(target)
     from seqrec.train.auto import log_decisions, resolve_auto
     from seqrec.train.transfer import has_history_bias
 

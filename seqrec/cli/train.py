@@ -254,7 +254,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("evaluate", help="re-evaluate a saved run")
     e.add_argument("run")
     e.add_argument("--dataset", help="prepared dataset (default: the run's)")
-    e.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None,
+                   help="leave the user's earlier items out of the ranking (default: the run's eval.filter_seen)")
     e.add_argument("--cold", action="store_true", help="also the metrics of cold targets (items in no training "
                    "event: new items, as a `data cold-split` makes them) and of warm ones, apart")
     e.set_defaults(fn=cmd_evaluate)

@@ -3,10 +3,10 @@
     seqrec data prepare shop --format csv --path events.csv --items items.parquet \
         --item-key sku --text-template "{title}. {brand}. {categories}"
 
-The table's key column becomes `item` (ids compared as strings, exactly as written); every other
-column is kept as an item field (lists joined with ", "). With a text template, each item's text is
-built from the fields and stored as the `text` field, which `seqrec text encode` and the text models
-read. The table is the catalogue: its items with no interaction are kept (recommendable by text
+The table's key column becomes `item` (ids compared as strings as written, less surrounding spaces);
+every other column is kept as an item field (lists joined with ", "). With a text template, each
+item's text is built from the fields and stored as the `text` field, which `seqrec text encode` and
+the text models read. The table is the catalogue: its items with no interaction are kept (recommendable by text
 models; `seqrec data stats` counts them), and log items absent from it are counted and have no
 fields (their text follows the model's `text_missing` policy).
 """
@@ -44,7 +44,7 @@ def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | N
     empty = (keys.is_null() | (keys.cast(pl.Utf8).str.strip_chars() == "")).arg_true()
     if empty.len():
         raise SeqrecError(f"{table.row_label(int(empty[0]))}: empty item id in key column {item_key!r}")
-    keys = id_strings(keys, table).str.strip_chars()
+    keys = id_strings(keys, table)
     duplicated = keys.is_duplicated().arg_true()
     if duplicated.len():
         first = int(duplicated[0])
@@ -114,14 +114,15 @@ def join_item_table(raw: RawDataset, table: ItemTable, template: str = "") -> Ra
                           "item table; check --item-key and the id format")
     if unmatched.len():
         shown = ", ".join(repr(v) for v in unmatched.sort().head(3).to_list())
-        share = unmatched.len() / logged.len()
+        catalogue, without_text = frame.height + unmatched.len(), unmatched.len() + textless.len()
+        share = without_text / catalogue  # the share `seqrec text encode` and the text models hold to the rule
         consequence = ("the default text_missing='auto' gives them the mean text vector" if share <= AUTO_MISSING_SHARE
                        else f"more than the {AUTO_MISSING_SHARE:.0%} that the default text_missing='auto' stands in "
                        "for, so a text model refuses them until you choose model.text_missing = 'id' or 'mean' "
                        "(or build the vectors with `seqrec text encode --missing id`)")
-        log.warning("%s: %d of the log's %d items (%.1f%%) have no row in the item table (e.g. %s); they have no "
-                    "fields and no text: %s", table.source, unmatched.len(), logged.len(), 100 * share, shown,
-                    consequence)
+        log.warning("%s: %d of the log's %d items have no row in the item table (e.g. %s), so no fields and no text; "
+                    "%d of the catalogue's %d items (%.1f%%) have no text: %s", table.source, unmatched.len(),
+                    logged.len(), shown, without_text, catalogue, 100 * share, consequence)
     report = {"item_table": table.source, "table_items": frame.height,
               "table_items_without_interactions": int((~known).sum()),
               "log_items_without_row": int(unmatched.len()), "table_items_without_text": int(textless.len()),

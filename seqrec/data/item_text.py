@@ -127,8 +127,9 @@ def texts_hash(texts: Sequence[str | None]) -> str:
     return h.hexdigest()[:16]
 
 
-FALLBACK = ('model.text_missing = "id" or "mean" where a model is trained (`seqrec train`, `pretrain` or `finetune` '
-            "with --set model.text_missing=id), --missing id | mean for `seqrec text encode`")
+FALLBACK = ("`seqrec text encode DATASET --missing id | mean` builds vectors with a stand-in that every later command "
+            "on the dataset takes (evaluate, recommend, serve, training); a model being trained can also choose "
+            "one: --set model.text_missing=id | mean for `seqrec train`, `pretrain` or `finetune`")
 GIVE_TEXT = "give them text (item-table rows, or a template over fields they have) or choose a fallback: "
 
 

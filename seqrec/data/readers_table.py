@@ -307,7 +307,7 @@ def read_table(
     text_cols = [user_col, item_col] + ([time_col] if time_col else [])
     raw = table.load(wanted, text_cols)
     for col, role in ((user_col, "user"), (item_col, "item")):
-        nulls = raw[col].is_null().arg_true()
+        nulls = (raw[col].is_null() | (raw[col].cast(pl.Utf8).str.strip_chars() == "")).arg_true()
         if nulls.len():
             raise SeqrecError(f"{table.row_label(int(nulls[0]))}: empty {role} id in column {col!r}")
     columns = {

@@ -1,5 +1,5 @@
 """The values of a log's columns, checked as a table is read (`seqrec.data.readers_table`): ids as strings
-exactly as written (JSON true/false, arrays and objects refused), ids that often mean "missing" warned
+as written, less surrounding spaces (JSON true/false, arrays and objects refused), ids that often mean "missing" warned
 about, event columns of numbers with a stray text value refused at its line."""
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def json_kind(value: object) -> str:
 
 
 def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
-    """Ids as strings exactly as written; JSON / Parquet numbers as integers when they are whole. A JSON
+    """Ids as strings as written, less surrounding spaces (a log's and an item table's alike, so that `i7 ` in
+    one is `i7` in the other); JSON / Parquet numbers as integers when they are whole. A JSON
     true/false, array or object is not an id (polars reads them as text in a column that also holds strings)."""
     dtype = values.dtype
     if table.kind == "jsonl" and dtype == pl.Utf8:
@@ -46,7 +47,7 @@ def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
             values = values.cast(pl.Int64)
     elif not (dtype.is_integer() or dtype == pl.Utf8):
         raise SeqrecError(f"{table.path}: id column {values.name!r} holds {dtype} values, not ids")
-    return values.cast(pl.Utf8)
+    return values.cast(pl.Utf8).str.strip_chars()
 
 
 def _check_json_ids(values: pl.Series, table: TableFile) -> None:

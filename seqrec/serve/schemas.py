@@ -33,7 +33,8 @@ class RecommendRequest(Strict):
     history: list[ItemId] = Field(min_length=1, max_length=10_000, description="raw item ids, oldest first")
     k: K = 10
     exclude_seen: Flag = False
-    times: list[Finite] | None = Field(None, max_length=10_000, description="seconds, one per history item")
+    times: list[Finite] | None = Field(None, max_length=10_000, description="seconds, one per history item: "
+                                      "used by a model with time features (gap, hour), checked and not used by others")
     events: dict[Annotated[str, Field(max_length=200)], Annotated[list[Finite], Field(max_length=10_000)]] | None = (
         Field(None, max_length=64, description="event feature values by name (e.g. rating), one per history item"))
     unknown: Literal["error", "skip"] = Field("error", description=(
