@@ -236,9 +236,12 @@ def _floor() -> list[str]:
     if not d or "floor" not in d:
         return []
     rows = [("POST /recommend, " + index, r) for index, r in d["recommend"].items()] + [("GET /health", d["floor"])]
+    at = d.get("measured_at", {}).get("floor")
+    day = f", {at['date']}" if at else ""
     lines = ["", "The HTTP stack alone: GET /health (no model, no search) against POST /recommend, one service "
              f"after the other in one run on {d['machine'].get('cpu_model', 'this machine')} (commit "
-             f"{d['machine']['commit']}; `serve_load.py --parts recommend floor --out results/{FLOOR_FILE}`).", "",
+             f"{d['machine']['commit']}{day}; `serve_load.py --parts recommend floor --out results/{FLOOR_FILE}`).",
+             "",
              *header(["request", "concurrency", "requests/s", "p50 ms", "p99 ms", "failed"])]
     lines += [f"| {what} | {c} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} |"
               for what, by_c in rows for c, r in by_c.items()]
