@@ -453,7 +453,7 @@ TEXT = [
     case("pretrain-unknown-dataset", f"{PRE} --datasets syn,nope", "'nope'"),
     case("pretrain-no-dataset", f"{PRE} --datasets ,", "no datasets"),
     case("pretrain-no-datasets-anywhere", f"{PRE} --negatives moco", "no datasets"),
-    case("pretrain-dataset-without-text", f"{PRE} --datasets other", "no text"),
+    case("pretrain-dataset-without-text", f"{PRE} --datasets other", "pre-training domain other: "),
     case("pretrain-unknown-section", f"{PRE} --datasets syn --set train.lr=1", "'train.lr=1'"),
     case("pretrain-unknown-key", f"{PRE} --datasets syn --set pretrain.speed=1", "pretrain.speed"),
     case("pretrain-batch-of-one", f"{PRE} --datasets syn --set pretrain.batch_size=1", "batch_size"),

@@ -10,7 +10,7 @@ import pytest
 
 from seqrec.cli import main
 from seqrec.data.prepare import PrepareOptions, prepare
-from seqrec.eval.compare import compare_runs
+from seqrec.eval.compare import Group, compare_runs, differences, label
 from tests.conftest import synthetic_log
 
 TINY = ["--set", "model.d=8", "--set", "data.max_len=8", "--set", "train.epochs=2", "--set", "train.progress=false",
@@ -40,7 +40,7 @@ def test_runs_differing_only_in_their_seed_form_one_group(runs: dict[str, Path])
               for n in ("plain-s1", "plain-s2", "plain-s3")]
     assert groups[0].mean("test ndcg@10") == pytest.approx(statistics.fmean(values))
     assert groups[0].std("test ndcg@10") == pytest.approx(statistics.stdev(values))
-    assert groups[1].std("test ndcg@10") == 0.0
+    assert groups[1].std("test ndcg@10") is None  # one run has no spread
 
 
 def test_the_command_prints_a_table_csv_and_json(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,6 +51,7 @@ def test_the_command_prints_a_table_csv_and_json(runs: dict[str, Path], capsys: 
     assert main(["compare", *paths, "--format", "json", "--metrics", "test ndcg@50"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["runs"] for r in rows] == [3, 1] and len(rows[0]["test ndcg@50"]) == 2
+    assert rows[1]["test ndcg@50"][1] is None and rows[1]["differences"]["model.history_bias"] is True
     assert main(["compare", *paths, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("group,runs,seeds,valid ndcg@10 mean") and len(lines) == 3
@@ -58,3 +59,16 @@ def test_the_command_prints_a_table_csv_and_json(runs: dict[str, Path], capsys: 
     assert "test ndcg@7 not in every run" in capsys.readouterr().err
     assert main(["compare", str(runs["plain-s1"].parent)]) == 2  # not a run
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_a_label_leads_with_the_model_and_names_only_settings_the_group_has() -> None:
+    sasrec = Group({"model.name": '"sasrec"', "model.n_heads": "2", "model.d": "64", "model.d_ff": "256",
+                    "model.n_layers": "2", "model.dropout": "0.5"}, runs=["runs/a"])
+    gru = Group({"model.name": '"gru4rec"', "model.d": "64", "model.dropout": "0.3"}, runs=["runs/b"])
+    differ = ["model.d_ff", "model.dropout", "model.n_heads", "model.n_layers", "model.name"]
+    assert label(gru, differ) == "model.name=gru4rec, model.dropout=0.3"  # no '-' for another model's settings
+    assert label(sasrec, differ) == ("model.name=sasrec, model.d_ff=256, model.dropout=0.5, model.n_heads=2 "
+                                     "(+1 more)")
+    assert list(differences(sasrec, differ)) == ["model.name", "model.d_ff", "model.dropout", "model.n_heads",
+                                                 "model.n_layers"]
+    assert label(Group({}, runs=["runs/plain"]), []) == "plain"

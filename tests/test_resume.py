@@ -167,3 +167,26 @@ def test_a_resumed_run_keeps_what_auto_decided(tiny_dataset: PreparedDataset, tm
     resumed = loop.fit(cfg, tiny_dataset, tmp_path / "cut", resume=True)
     assert json.loads((tmp_path / "cut" / "config.json").read_text())["train"]["batch_size"] == decided != 8
     assert {d["key"]: d["value"] for d in resumed["auto"]}["train.batch_size"] == decided
+
+
+def test_ctrl_c_says_how_to_go_on(tiny_dataset: PreparedDataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A training stopped by Ctrl-C names the command that goes on with it; one stopped before its first epoch
+    ended says there is nothing to resume."""
+    from seqrec.cli import main
+
+    real = loop.train_epoch
+    for epoch, said in ((3, "not finished: stopped after epoch 2; `seqrec train --resume {out}`"),
+                        (1, "interrupted before its first epoch ended: nothing to resume")):
+        out = tmp_path / f"cut{epoch}"
+
+        def stopped(*args, at: int = epoch, **kwargs):  # type: ignore[no-untyped-def]
+            if args[5] == at:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "train_epoch", stopped)
+        argv = [item for s in settings(tiny_dataset, "sasrec", ["train.refit=false"])[1:] for item in ("--set", s)]
+        assert main(["train", "--dataset", str(tiny_dataset.path), *argv, "--out", str(out)]) == 130
+        err = capsys.readouterr().err
+        assert f"seqrec: {out}: {said.format(out=out)}" in err and "seqrec: interrupted" in err

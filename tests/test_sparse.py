@@ -89,6 +89,12 @@ def test_auto_turns_it_on_for_a_sampled_loss_over_a_large_catalogue(tiny_dataset
         cfg = resolve({"model": {"name": "sasrec", "loss": loss}, "train": {"batch_size": 32}})
         decision = resolve_auto_train(cfg.model, cfg.train, 8, tiny_dataset, cpu)[-1]
         assert decision["key"] == "train.sparse_items" and cfg.train.sparse_items is expected
+    for limit, expected in ((tiny_dataset.n_items, True), (tiny_dataset.n_items + 1, False)):  # item2vec: sampled
+        monkeypatch.setattr(auto, "SPARSE_ITEMS", limit)
+        cfg = resolve({"model": {"name": "item2vec"}, "train": {"batch_size": 32}})
+        decision = resolve_auto_train(cfg.model, cfg.train, 8, tiny_dataset, cpu)[-1]
+        assert cfg.train.sparse_items is expected and "full softmax" not in decision["reason"]
+        assert ("item2vec's negative sampling" in decision["reason"]) is expected
 
 
 def test_training_with_sparse_item_tables(tiny_dataset: PreparedDataset, tmp_path: Path) -> None:

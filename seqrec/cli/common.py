@@ -10,6 +10,7 @@ import difflib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,7 +88,11 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
             os.rename(out, aside)
     try:
         yield out
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) and os.environ.get("RANK", "0") == "0":  # what is left to go on with
+            print(f"seqrec: {out}: " + ("the run it held is back as it was (--overwrite is undone)" if aside else
+                                        run_progress(out).replace("--resume it", f"`seqrec train --resume {out}`")),
+                  file=sys.stderr)
         if aside is not None:
             shutil.rmtree(out, ignore_errors=True)
             os.rename(aside, out)
@@ -153,7 +158,8 @@ def print_metrics(results: dict[str, Any]) -> None:
         print("(already-seen items removed from the ranking: eval.filter_seen)")
     if results["protocol"].get("history_bias"):  # another model than the published ones: said where it prints
         print("(a model with the history bias: a learned score offset for items already in the user's history, "
-              "model.history_bias; seen items stay in the ranking)")
+              "model.history_bias" + ("" if results["protocol"].get("filter_seen") else
+                                      "; seen items stay in the ranking") + ")")
     if results["protocol"].get("refit") and "test" in results:  # the two rows are of two models: say so
         print("(test: the model trained again on training + validation events for the chosen epochs, train.refit; "
               "valid: the validation-chosen model)")

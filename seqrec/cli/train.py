@@ -203,11 +203,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     import csv
     import sys
 
-    from seqrec.eval.compare import compare_runs, label
+    from seqrec.eval.compare import LABEL_PARTS, compare_runs, differences, label
 
     groups, differ = compare_runs(args.runs)
     available = [m for m in groups[0].metrics if all(m in g.metrics for g in groups)]
@@ -218,21 +222,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise SeqrecError(f"--metrics: {', '.join(unknown)} not in every run; they hold {', '.join(available)}")
     rows: list[dict[str, Any]] = [
         {"group": label(g, differ), "runs": len(g.runs), "seeds": " ".join(map(str, g.seeds)),
-         **{m: (round(g.mean(m), 6), round(g.std(m), 6)) for m in wanted}} for g in groups]
+         **{m: (round(g.mean(m), 6), _rounded(g.std(m))) for m in wanted}} for g in groups]
     if args.format == "json":
-        print(json.dumps([{**r, "paths": g.runs} for r, g in zip(rows, groups, strict=True)], indent=2))
+        print(json.dumps([{**r, "paths": g.runs, "differences": differences(g, differ)}
+                          for r, g in zip(rows, groups, strict=True)], indent=2))
         return 0
     if args.format == "csv":
         out = csv.writer(sys.stdout)
         out.writerow(["group", "runs", "seeds", *(f"{m} {w}" for m in wanted for w in ("mean", "std"))])
-        out.writerows([[r["group"], r["runs"], r["seeds"], *(v for m in wanted for v in r[m])] for r in rows])
+        out.writerows([[r["group"], r["runs"], r["seeds"], *("" if v is None else v for m in wanted for v in r[m])]
+                       for r in rows])
         return 0
     width = max(len(r["group"]) for r in rows)
     print(f"{'group':<{width}}  {'runs':>4}  " + "  ".join(f"{m:>20}" for m in wanted) + "  seeds")
     for r in rows:
-        cells = "  ".join(f"{f'{r[m][0]:.4f} ± {r[m][1]:.4f}':>20}" for m in wanted)
+        cells = "  ".join(f"{f'{r[m][0]:.4f} ± ' + ('–     ' if r[m][1] is None else f'{r[m][1]:.4f}'):>20}"
+                          for m in wanted)
         print(f"{r['group']:<{width}}  {r['runs']:>4}  {cells}  {r['seeds']}")
-    print("(mean ± sample standard deviation over each group's runs: the runs of a group differ only in train.seed)")
+    print("(mean ± sample standard deviation over each group's runs, – for a group of one run: the runs of a group "
+          "differ only in train.seed" + ("; `--format json` lists every setting that sets a group apart)"
+                                         if any(len(differences(g, differ)) > LABEL_PARTS for g in groups) else ")"))
     return 0
 
 

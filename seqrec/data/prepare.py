@@ -166,8 +166,17 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
                           f"{frame['timestamp'].null_count()} of {frame.height} events have none")
     n_raw = frame.height
     frame = dedupe(order_events(frame), options.dedupe)
+    n_deduped = frame.height
     frame = kcore(frame, options.kcore)
-    frame = frame.filter(pl.len().over("user") >= options.min_user_len)
+    n_cored = frame.height
+    long_enough = pl.len().over("user") >= options.min_user_len
+    n_short = frame.filter(~long_enough)["user"].n_unique()
+    frame = frame.filter(long_enough)
+    dropped = [said for n, said in (
+        (n_raw - n_deduped, f"dedupe={options.dedupe}: {n_raw - n_deduped} events"),
+        (n_deduped - n_cored, f"kcore={options.kcore}: {n_deduped - n_cored} events"),
+        (n_short, f"min_user_len={options.min_user_len}: {n_short} users with fewer events "
+                  f"({n_cored - frame.height} events)")) if n]
     if frame.height == 0:
         raise SeqrecError(
             f"{source}: no interactions left after filtering "
@@ -203,7 +212,8 @@ def prepare(raw: RawDataset, options: PrepareOptions, dest: Path) -> PreparedDat
         item_table = item_table.join(raw.items.frame, on="item", how="left")
     times = frame["timestamp"].to_numpy() if raw.interactions.has_time else None
     extra = [c for c in frame.columns if c not in ("user", "item", "timestamp", "split", "_row", "iidx", "uidx")]
-    log.info("prepared %s: %d -> %d interactions", raw.name, n_raw, frame.height)
+    log.info("prepared %s: %d -> %d interactions%s", raw.name, n_raw, frame.height,
+             f" (dropped: {'; '.join(dropped)})" if dropped else "")
     return write_prepared(
         dest,
         name=raw.name,

@@ -5,9 +5,10 @@
     u.genre  'name|index' per line (the genre order of the flags)
 
 Interactions keep `rating` (Float64) as an extra column. Item table columns:
-item, title ("Toy Story (1995)", as written), year (Utf8, from the title's
-"(YYYY)", else the release date's year; null when neither has one) and
-categories (genre names joined by ", ", null when no flag is set).
+item, title ("Toy Story": as written less a closing "(YYYY)", which is the year field, as in
+RecBole's ml-100k.item, so that both sources of ml-100k give one item table), year (Utf8, from the
+title's "(YYYY)", else the release date's year; null when neither has one) and categories (genre
+names joined by ", ", null when no flag is set).
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def _read_movies(path: Path, genres: list[str]) -> pl.DataFrame:
         for f, g in zip(flags, genres, strict=True)
     ]
     categories = pl.concat_list(names).list.drop_nulls().list.join(", ")
+    bare = title.str.replace(r"\s*\(\d{4}\)$", "")  # "Toy Story (1995)" -> "Toy Story"
     return fields.select(
         pl.col("item").str.strip_chars(),
-        pl.when(title != "").then(title).alias("title"),
+        pl.when(bare != "").then(bare).when(title != "").then(title).alias("title"),
         year.alias("year"),
         pl.when(categories != "").then(categories).alias("categories"),
     )

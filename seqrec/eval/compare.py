@@ -35,10 +35,10 @@ class Group:
     def mean(self, name: str) -> float:
         return statistics.fmean(self.metrics[name])
 
-    def std(self, name: str) -> float:
-        """Sample standard deviation (0 for a single run)."""
+    def std(self, name: str) -> float | None:
+        """Sample standard deviation (None for a single run: it has none)."""
         values = self.metrics[name]
-        return statistics.stdev(values) if len(values) > 1 else 0.0
+        return statistics.stdev(values) if len(values) > 1 else None
 
 
 def _flat(config: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +91,19 @@ def compare_runs(runs: Sequence[Path | str]) -> tuple[list[Group], list[str]]:
     return found, differ
 
 
+LABEL_PARTS = 4  # a group's label names at most this many settings; `differences` holds them all
+
+
+def differences(group: Group, differ: Sequence[str]) -> dict[str, Any]:
+    """The settings that set a group apart from the others and that it has (model.name first: a setting
+    of another model's alone is not one), as their values."""
+    keys = sorted((k for k in differ if k in group.settings), key=lambda k: k != "model.name")
+    return {k: json.loads(group.settings[k]) for k in keys}
+
+
 def label(group: Group, differ: Sequence[str]) -> str:
-    """What sets a group apart from the others, as key=value (its first run's folder name when nothing does)."""
-    parts = [f"{k}={json.loads(group.settings[k]) if k in group.settings else '-'}" for k in differ]
-    return ", ".join(parts) or Path(group.runs[0]).name
+    """What sets a group apart from the others, as key=value, the first LABEL_PARTS of them (its first run's
+    folder name when nothing does)."""
+    parts = [f"{k}={v}" for k, v in differences(group, differ).items()]
+    more = f" (+{len(parts) - LABEL_PARTS} more)" if len(parts) > LABEL_PARTS else ""
+    return ", ".join(parts[:LABEL_PARTS]) + more if parts else Path(group.runs[0]).name

@@ -129,7 +129,9 @@ def _sparse_items(model_cfg: Any, train_cfg: Any, data: PreparedDataset, built: 
     loss = built.objective.kind if built is not None and hasattr(built, "objective") else getattr(
         model_cfg, "loss", "ce")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if loss in ("ce", "auto"):
+    item2vec = getattr(model_cfg, "name", "") == "item2vec"  # negative sampling: it has no model.loss
+    sampled = "item2vec's negative sampling" if item2vec else f"model.loss={loss!r}"
+    if loss in ("ce", "auto") and not item2vec:
         value, reason = False, "the full softmax's gradient reaches every row of the table anyway"
     elif getattr(model_cfg, "name", "") == "bert4rec":
         value, reason = False, "BERT4Rec's output reads a slice of its table (its MASK row is not an item)"
@@ -139,7 +141,7 @@ def _sparse_items(model_cfg: Any, train_cfg: Any, data: PreparedDataset, built: 
         value, reason = False, (f"{data.n_items:,} items (< {SPARSE_ITEMS:,}): the dense gradient of the table "
                                 "is a small part of a step")
     else:
-        value, reason = True, (f"model.loss={loss!r} over {data.n_items:,} items (>= {SPARSE_ITEMS:,}): a step "
+        value, reason = True, (f"{sampled} over {data.n_items:,} items (>= {SPARSE_ITEMS:,}): a step "
                                "touches a few thousand rows, so only those get a gradient and an update")
     train_cfg.sparse_items = value
     return {"key": "train.sparse_items", "value": value, "reason": reason}

@@ -94,7 +94,10 @@ def join_domains(datasets: list[PreparedDataset], model: UniSRecConfig, progress
     texts, augs = [torch.zeros(1, model.text_dim)], [torch.zeros(1, model.text_dim)]
     shift, events = 0, 0
     for data in datasets:
-        te = text_embeddings(data, model.text_options(), progress=progress)
+        try:
+            te = text_embeddings(data, model.text_options(), progress=progress)
+        except SeqrecError as exc:  # several domains: say whose items
+            raise SeqrecError(f"pre-training domain {data.meta['name']}: {exc}") from None
         assert te.emb_word_drop is not None  # word_drop > 0
         name = str(data.meta["name"])
         name = name if name not in offsets else f"{name}#{len(offsets) + 1}"

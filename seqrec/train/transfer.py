@@ -271,22 +271,27 @@ def zero_shot_config(pretrained: Path, overrides: dict[str, Any] | None = None) 
 def check_unseen(pretrained: Path, data: PreparedDataset) -> None:
     """A `SeqrecError` where `pretrained`'s weights already learnt from `data`: a pre-training domain (its data
     card), or the dataset it was trained, fine-tuned or used zero-shot on (its checkpoint); no zero-shot then."""
-    seen = {read_meta(checkpoint_dir(pretrained)).get("dataset_fingerprint")}
+    trained_on = read_meta(checkpoint_dir(pretrained)).get("dataset_fingerprint")
     card = Path(pretrained) / "data_card.json"
-    if card.is_file():
-        seen |= {d.get("fingerprint") for d in read_json(card).get("domains", [])}
-    name, advice = data.meta["name"], "zero-shot means no event of it trained anything; start from a run that " \
-        f"never saw {data.meta['name']}, or evaluate that run on it as it is"
-    if data.fingerprint in seen:
-        raise SeqrecError(f"{pretrained} has already learnt from {name} (dataset fingerprint {data.fingerprint}): "
-                          + advice)
-    sketched = [d for d in read_json(card).get("domains", []) if d.get("events_sketch")] if card.is_file() else []
+    domains = read_json(card).get("domains", []) if card.is_file() else []
+    name = data.meta["name"]
+    zero = f"zero-shot means no event of {name} trained anything, so {pretrained} is not used zero-shot on it; "
+    fine_tune = (f"fine-tune it there instead (`seqrec finetune {name} --from {pretrained}`), or take a run that "
+                 "never saw it")
+    if data.fingerprint == trained_on:
+        raise SeqrecError(f"{pretrained} was trained on {name} (dataset fingerprint {data.fingerprint}): {zero}"
+                          f"`seqrec evaluate {pretrained}` evaluates it on {name} as it was trained")
+    if data.fingerprint in {d.get("fingerprint") for d in domains}:
+        raise SeqrecError(f"{pretrained} was pre-trained on {name} (dataset fingerprint {data.fingerprint}): "
+                          + zero + fine_tune)
+    sketched = [d for d in domains if d.get("events_sketch")]
     ours = events_sketch(data) if sketched else []
     for domain in sketched:  # the same events prepared with other options (k-core, split, ...)
         share = contained(ours, domain["events_sketch"])
         if share is not None and share >= SEEN_SHARE:
             raise SeqrecError(f"{pretrained} has already learnt from most of {name}'s events: about {share:.0%} of "
-                              f"them are its pre-training domain {domain['domain']}'s (prepared apart); " + advice)
+                              f"them are its pre-training domain {domain['domain']}'s (prepared apart); " + zero
+                              + fine_tune)
 
 
 def zero_shot(pretrained: Path, data: PreparedDataset, cfg: RunConfig, run_dir: Path,
