@@ -115,6 +115,7 @@ def cli_page() -> str:
 # (module, names) in the order of the page: what a Python user of seqrec needs
 API: list[tuple[str, list[str]]] = [
     ("seqrec.serve", ["Recommender", "Recommendation"]),
+    ("seqrec.serve.sessions", ["Sessions", "SessionView"]),
     ("seqrec.serve.batch", ["from_dataset", "from_log", "recommend_histories", "write_table", "Histories"]),
     ("seqrec.data.catalog", ["load_known", "load_format"]),
     ("seqrec.data.readers", ["read_table", "read_recbole", "read_recbole_sequential", "read_unisrec", "read_s3rec",

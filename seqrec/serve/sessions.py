@@ -70,6 +70,8 @@ class Step:
 
 @dataclass(frozen=True)
 class SessionView:
+    """A session after an event (or as it stands): its events' raw ids, oldest first, and its top-k."""
+
     session_id: str
     n_events: int
     items: list[str]
@@ -78,6 +80,17 @@ class SessionView:
 
 
 class Sessions:
+    """Sessions on a `Recommender`, an event at a time (what `POST /sessions/{sid}/events` runs):
+
+        sessions = Sessions(Recommender.from_run("runs/ml"))
+        sessions.add_event("alice", "50", k=5).recommendations   # after one event
+        sessions.add_event("alice", "172", k=5)                  # after two; .cached: one position of compute
+        sessions.view("alice"); sessions.end("alice")
+
+    At most `max_sessions` live sessions of at most `max_events` events each; one idle for `ttl_s` seconds
+    is dropped.
+    """
+
     def __init__(self, recommender: Recommender, max_sessions: int = 10_000, max_events: int = 1_000,
                  ttl_s: float = 1800.0, kv_cache: bool = True, store: str | None = None) -> None:
         """`kv_cache=False` re-encodes the history at every event (what a service without one does);
@@ -108,6 +121,7 @@ class Sessions:
             return cached
 
     def end(self, sid: str) -> bool:
+        """End the session (its events and cache dropped); whether it was there."""
         with self._lock:
             self._cached.pop(sid, None)
         return self.store.end(sid)
