@@ -6,7 +6,7 @@ token length, TextEncoder's path), once per thread count and precision: float32,
 the CPU computes it natively (what `precision = "auto"` picks there); and, in bfloat16, the batching
 it replaced (64 texts a batch, sorted by characters, padded to the batch's longest) and, where
 TextEncoder runs the fused bf16 pass (seqrec.data.fused_bert), its batching through the model's own
-forward instead. Repeats
+forward instead, and the fused pass on the padded tokens too (fused_bert.PACK_TOKENS off). Repeats
 alternate the paths, so that the machine's noise falls on all; texts/s and tokens/s are medians.
 Also: how far the bf16 vectors are from the float32 ones (cosine distance), the achieved GFLOP/s (2
 x the encoder's non-embedding parameters per token, attention products added) against a square
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from common import RESULTS, machine, matmul_gflops, prepared, write_result
 
+import seqrec.data.fused_bert as fused_bert
 from seqrec.data.text import TextEncoder, item_texts, native_bf16, resolve_encoder
 
 GOAL_TEXTS_PER_S = 1000  # issue 18, on this 2-core machine
@@ -50,6 +51,16 @@ def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
 
 REPLACED = "bf16, replaced batching"
 UNFUSED = "bf16, the model's own forward"  # TextEncoder's batching without the fused pass (seqrec.data.fused_bert)
+UNPACKED = "bf16, fused on padded tokens"  # the fused pass with its products over the padding too
+
+
+def unpacked(encoder: TextEncoder, texts: list[str]) -> np.ndarray:
+    """The fused pass as it was before it packed a batch's real tokens (fused_bert.PACK_TOKENS)."""
+    kept, fused_bert.PACK_TOKENS = fused_bert.PACK_TOKENS, False
+    try:
+        return encoder.encode(texts, batch_size=64)
+    finally:
+        fused_bert.PACK_TOKENS = kept
 
 
 @torch.no_grad()
@@ -96,6 +107,8 @@ def measure(name: str, threads: list[int], repeats: int, limit: int, peak_n: int
     paths = {p: (lambda enc=enc: enc.encode(texts, batch_size=64)) for p, enc in encoders.items()}
     if "bf16" in encoders:
         paths[REPLACED] = lambda: replaced_batching(encoders["bf16"], texts)
+        if encoders["bf16"].fused is not None:
+            paths[UNPACKED] = lambda: unpacked(encoders["bf16"], texts)
     for n in threads:
         torch.set_num_threads(n)
         by_dtype = {d: matmul_gflops(n, n=peak_n, dtype=d) for d in {torch.float32 if p == "fp32" else torch.bfloat16

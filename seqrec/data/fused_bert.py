@@ -7,8 +7,10 @@ the adds and `addmm`'s bias copies take a large share of the time (torch.profile
 the three projections are one product, the
 GELU and the residual adds are oneDNN post-ops of the products they follow (the fused kernels
 torch.compile's CPU backend calls, `torch.ops.mkldnn._linear_pointwise`), and the layers' weights
-are the model's own tensors (nothing copied but the concatenated QKV). Same function, fewer passes
-over memory: benchmarks/text_encode.py measures it against the model's own forward.
+are the model's own tensors (nothing copied but the concatenated QKV). The products, adds and norms
+run on a batch's real tokens packed together, not on its padding; attention alone takes the padded
+(B, T) layout. Same function, fewer passes over memory and no work on padding:
+benchmarks/text_encode.py measures it against the model's own forward.
 
 `fused_forward(model)` returns the pass for models it reproduces (BERT with absolute positions,
 exact GELU, an encoder, bf16 weights on the CPU), after checking it against the model's own forward
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> (B, T, D)
 PROBE_COSINE = 1e-3  # the probe batch's largest cosine distance from the model's own forward
+PACK_TOKENS = True  # the products and norms run on the real tokens alone (benchmarks/text_encode.py: without)
 
 
 class _Layer:
@@ -67,7 +70,8 @@ def reproducible(model: Any) -> bool:
 
 
 def fused_forward(model: Any, probe: Callable[[], dict[str, torch.Tensor]]) -> Forward | None:
-    """The fused pass of `model` (the last hidden states, as the model's `last_hidden_state`), or None
+    """The fused pass of `model` (the last hidden states, as the model's `last_hidden_state` at the real
+    tokens; zero at padded positions), or None
     where it does not apply or where it differs from the model's own forward on the batch `probe()`
     makes (made only where the pass applies)."""
     if not reproducible(model):
@@ -83,12 +87,24 @@ def fused_forward(model: Any, probe: Callable[[], dict[str, torch.Tensor]]) -> F
         mask = torch.zeros((b, 1, 1, t), dtype=x.dtype, device=x.device)  # (B, 1, 1, T) additive, over keys
         mask.masked_fill_(attention_mask[:, None, None, :] == 0, torch.finfo(x.dtype).min)
         x = x.reshape(b * t, d)
+        real = attention_mask.reshape(-1).nonzero().squeeze(1) if PACK_TOKENS else None  # (M,) real tokens
+        if real is not None and len(real) == b * t:
+            real = None  # nothing padded: nothing to pack
+        if real is not None:
+            x = x.index_select(0, real)  # (M, D): the products and norms see no padding
         for layer in layers:
-            qkv = _linear(x, layer.w_qkv, layer.b_qkv).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            qkv = _linear(x, layer.w_qkv, layer.b_qkv)
+            if real is not None:  # attention on the (B, T) layout, padded positions zero and masked
+                qkv = qkv.new_zeros((b * t, 3 * d)).index_copy_(0, real, qkv)
+            qkv = qkv.view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
             att = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask)  # (B, H, T, D/H)
             att = att.transpose(1, 2).reshape(b * t, d)
+            if real is not None:
+                att = att.index_select(0, real)
             x = layer.norm1(_linear_add(att, x, layer.out))
             x = layer.norm2(_linear_add(_linear(x, layer.ffn1.weight, layer.ffn1.bias, "gelu"), x, layer.ffn2))
+        if real is not None:  # padded positions: zero (pooling reads the real ones)
+            x = x.new_zeros((b * t, d)).index_copy_(0, real, x)
         return x.view(b, t, d)
 
     try:
