@@ -91,8 +91,7 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) and os.environ.get("RANK", "0") == "0":  # what is left to go on with
             print(f"seqrec: {out}: " + ("the run it held is back as it was (--overwrite is undone)" if aside else
-                                        run_progress(out).replace("--resume it", f"`seqrec train --resume {out}`")),
-                  file=sys.stderr)
+                                        run_progress(out, f"`seqrec train --resume {out}`")), file=sys.stderr)
         if aside is not None:
             shutil.rmtree(out, ignore_errors=True)
             os.rename(aside, out)
@@ -101,9 +100,9 @@ def run_folder(out: Path, overwrite: bool) -> Iterator[Path]:
         shutil.rmtree(aside)
 
 
-def run_progress(run: Path) -> str:
-    """How far a training run folder got, in words: "finished", "not finished: ... --resume it", or interrupted
-    before anything could be resumed."""
+def run_progress(run: Path, resume: str = "--resume it") -> str:
+    """How far a training run folder got, in words: "finished", "not finished: ... " + `resume` (how to go on),
+    or interrupted before anything could be resumed."""
     ended = (run / "results.json").is_file() or (run / "checkpoint" / "model.json").is_file()
     if ended and not (run / "state").is_dir():
         return "finished"  # its resumable state is removed when training ends (and the test may not have run)
@@ -111,7 +110,7 @@ def run_progress(run: Path) -> str:
         epoch = int(json.loads((run / "state" / "state.json").read_text())["loop"]["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
         return "interrupted before its first epoch ended: nothing to resume; --overwrite starts it again"
-    return f"not finished: stopped after epoch {epoch}; --resume it"
+    return f"not finished: stopped after epoch {epoch}; {resume}"
 
 
 

@@ -87,9 +87,9 @@ def fused_forward(model: Any, probe: Callable[[], dict[str, torch.Tensor]]) -> F
         mask = torch.zeros((b, 1, 1, t), dtype=x.dtype, device=x.device)  # (B, 1, 1, T) additive, over keys
         mask.masked_fill_(attention_mask[:, None, None, :] == 0, torch.finfo(x.dtype).min)
         x = x.reshape(b * t, d)
-        real = attention_mask.reshape(-1).nonzero().squeeze(1) if PACK_TOKENS else None  # (M,) real tokens
-        if real is not None and len(real) == b * t:
-            real = None  # nothing padded: nothing to pack
+        tokens = attention_mask.reshape(-1).nonzero().squeeze(1)  # (M,) the real tokens
+        # nothing padded (or packing off): the (B, T) layout throughout
+        real = tokens if PACK_TOKENS and len(tokens) < b * t else None
         if real is not None:
             x = x.index_select(0, real)  # (M, D): the products and norms see no padding
         for layer in layers:

@@ -21,7 +21,7 @@ import polars as pl
 
 from seqrec.data.item_text import AUTO_MISSING_SHARE, TEXT_FIELDS, check_template, item_texts
 from seqrec.data.readers_table import TableFile, separator_hint
-from seqrec.data.readers_values import id_strings
+from seqrec.data.readers_values import empty_ids, id_strings
 from seqrec.data.types import ItemTable, RawDataset
 from seqrec.errors import SeqrecError
 
@@ -41,7 +41,7 @@ def read_item_table(path: Path | str | pl.DataFrame, item_key: str, sep: str | N
                           f"(choose one with --item-key){separator_hint(table, columns, '--items-sep')}")
     frame = table.load(columns, text_cols=columns)
     keys = frame[item_key]
-    empty = (keys.is_null() | (keys.cast(pl.Utf8).str.strip_chars() == "")).arg_true()
+    empty = empty_ids(keys)
     if empty.len():
         raise SeqrecError(f"{table.row_label(int(empty[0]))}: empty item id in key column {item_key!r}")
     keys = id_strings(keys, table)

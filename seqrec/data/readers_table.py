@@ -27,7 +27,7 @@ from typing import Any, Literal
 import polars as pl
 
 from seqrec.data.readers_io import check_time_range, line_error, make_dataset, require_file
-from seqrec.data.readers_values import check_numbers, id_strings, json_kind, warn_null_like
+from seqrec.data.readers_values import check_numbers, empty_ids, id_strings, json_kind, warn_null_like
 from seqrec.data.types import RawDataset
 from seqrec.errors import SeqrecError
 
@@ -307,7 +307,7 @@ def read_table(
     text_cols = [user_col, item_col] + ([time_col] if time_col else [])
     raw = table.load(wanted, text_cols)
     for col, role in ((user_col, "user"), (item_col, "item")):
-        nulls = (raw[col].is_null() | (raw[col].cast(pl.Utf8).str.strip_chars() == "")).arg_true()
+        nulls = empty_ids(raw[col])
         if nulls.len():
             raise SeqrecError(f"{table.row_label(int(nulls[0]))}: empty {role} id in column {col!r}")
     columns = {

@@ -31,6 +31,11 @@ def json_kind(value: object) -> str:
     return "an array" if isinstance(value, list) else "an object" if isinstance(value, dict) else "null"
 
 
+def empty_ids(values: pl.Series) -> pl.Series:
+    """The rows whose id is missing or spaces alone (what `id_strings` would make an empty id)."""
+    return (values.is_null() | (values.cast(pl.Utf8).str.strip_chars() == "")).arg_true()
+
+
 def id_strings(values: pl.Series, table: TableFile) -> pl.Series:
     """Ids as strings as written, less surrounding spaces (a log's and an item table's alike, so that `i7 ` in
     one is `i7` in the other); JSON / Parquet numbers as integers when they are whole. A JSON
