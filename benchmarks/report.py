@@ -29,7 +29,7 @@ from common import load_result as load
 from report_cost import cuda, ddp_scaling, eval_cost, pretrain_loss, scale, text_encoding, train_throughput
 from report_peers import item2vec_gensim, speed, zoo_vs_recbole
 from report_quality import features, losses, output_layer, positions, sasrec_quality, unisrec, unisrec_sampled, zoo
-from report_serving import batch_recommend, retrieval, serve_load
+from report_serving import batch_recommend, catalogue_changes, retrieval, serve_load
 from report_settings import auto_decisions, defaults, defaults_candidate, encoders, history_bias_section
 from report_transfer import _transfer_rows, data_efficiency, transfer_probe, tune
 from tables import (
@@ -60,6 +60,7 @@ SECTIONS: list[tuple[str, Render]] = [
     ("unisrec.json", unisrec),
     ("unisrec_sampled.json", unisrec_sampled),
     ("retrieval.json", retrieval),
+    ("catalogue_changes.json", catalogue_changes),
     ("batch_recommend.json", batch_recommend),
     ("text_encoding*.json", text_encoding),
     ("features.json", features),
@@ -82,7 +83,7 @@ SECTIONS: list[tuple[str, Render]] = [
 RESULTS_PAGE = ("sasrec_quality.json", "speed_vs_recbole.json", "unisrec.json", "unisrec_sampled.json",
                 "item2vec_vs_gensim.json",
                 "features.json", "output_layer.json", "serve_load.json", "eval_cost.json", "retrieval.json",
-                "batch_recommend.json",
+                "catalogue_changes.json", "batch_recommend.json",
                 "data_efficiency_*.json", "transfer_probe_*.json", "pretrain_loss.json", "scale.json",
                 "train_throughput.json", "tune_*.json",
                 "cuda_check.json", "ddp_scaling.json", "defaults.json", "defaults_candidate_*.json",

@@ -151,6 +151,24 @@ def train_throughput(d: dict[str, Any]) -> list[str]:
                     "GFLOP / step", "GFLOP/s", "fraction of peak", "forward / backward / optimizer ms"], rows)]
 
 
+# the paths of benchmarks/text_encode.py the fastest is compared with, and how a note names each
+COMPARED_PATHS = (("bf16, replaced batching", "the replaced batching"),
+                  ("bf16, the model's own forward", "the model's own forward"),
+                  ("bf16, fused on padded tokens", "the fused pass on padded tokens"),
+                  ("bf16, fused, weights reordered per call", "the fused pass with its weights reordered per call"))
+
+
+def _one_text(r: dict[str, Any]) -> str:
+    """The note on texts encoded one at a time (text_encode.py's `one_text`), the fastest path against the others."""
+    rows = r["one_text"]
+    best = min(rows, key=lambda p: rows[p]["ms_p50"])
+    others = ", ".join(f"{p} {x['ms_p50']:.2f} ms ({x['ms_p50'] / rows[best]['ms_p50']:.2f}×)"
+                       for p, x in rows.items() if p != best)
+    return (f"{r['dataset']}, one text at a time (as `POST /items` encodes a new item; the first "
+            f"{next(iter(rows.values()))['texts']} texts after a warm-up, the paths in turn on each, 1 thread): "
+            f"{best} p50 {rows[best]['ms_p50']:.2f} ms, p99 {rows[best]['ms_p99']:.2f} ms; {others}.")
+
+
 def text_encoding(d: dict[str, Any]) -> list[str]:
     """One section per results/text_encoding*.json: each file is one machine's (they differ in native bf16)."""
     name = d.get("_file", "text_encoding.json")
@@ -165,7 +183,9 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
         "length (`TextEncoder`), and in bf16 the batching it replaced (64 texts a batch sorted by characters, "
         "padded to the longest), and, where `TextEncoder` runs its fused bf16 pass (`seqrec.data.fused_bert`), "
         "the same batches through the model's own forward (“the model's own forward”) and through the fused pass "
-        "with its products over the padded positions too (“fused on padded tokens”); after one warm-up pass "
+        "with its products over the padded positions too (“fused on padded tokens”) or with the weights as the "
+        "model keeps them, which oneDNN reorders into its blocked layout at every call (“weights reordered per "
+        "call”); after one warm-up pass "
         "each; median of repeats that alternate the paths; "
         "the cache is not used. GFLOP/s counts 2 × the encoder's "
         "non-embedding parameters per token plus the attention products; the peak is a 4096² matmul in the "
@@ -182,12 +202,9 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
         cos, goal = r.get("bf16_cosine_distance"), r.get("goal_texts_per_s")
         if goal and "gflop_per_text" in r:
             best = max(r["runs"], key=lambda x: x["texts_per_s"])
-            replaced = next((x for x in r["runs"] if x["precision"] == "bf16, replaced batching"
-                             and x["threads"] == best["threads"]), None)
-            unfused = next((x for x in r["runs"] if x["precision"] == "bf16, the model's own forward"
-                            and x["threads"] == best["threads"]), None)
-            padded = next((x for x in r["runs"] if x["precision"] == "bf16, fused on padded tokens"
-                           and x["threads"] == best["threads"]), None)
+            against = [(x, phrase) for path, phrase in COMPARED_PATHS
+                       for x in r["runs"] if x["precision"] == path and x["threads"] == best["threads"]
+                       and x is not best]
             need = goal * r["gflop_per_text"]
             verdict = ("met" if best["texts_per_s"] >= goal else
                        f"not met: at {r['gflop_per_text']:.2f} GFLOP per text it needs {need:.0f} GFLOP/s, "
@@ -200,13 +217,11 @@ def text_encoding(d: dict[str, Any]) -> list[str]:
                          "no native bf16 on this CPU, so float32 only (what `precision = \"auto\"` picks)")
             notes.append(f"{where}: {precision}; fastest "
                          f"{best['texts_per_s']:.0f} texts/s ({best['threads']} thread(s), {best['precision']}"
-                         + (f", {best['texts_per_s'] / replaced['texts_per_s']:.2f}× the replaced batching"
-                            if replaced else "")
-                         + (f", {best['texts_per_s'] / unfused['texts_per_s']:.2f}× the model's own forward"
-                            if unfused and best is not unfused else "")
-                         + (f", {best['texts_per_s'] / padded['texts_per_s']:.2f}× the fused pass on padded tokens"
-                            if padded and best is not padded else "") + "); "
+                         + "".join(f", {best['texts_per_s'] / x['texts_per_s']:.2f}× {phrase}" for x, phrase in against)
+                         + "); "
                          f"goal {goal:,} texts/s {verdict}.")
+        if r.get("one_text"):
+            notes.append(_one_text(r))
     return lines + (["", *notes] if notes else [])
 
 

@@ -466,6 +466,27 @@ def retrieval(d: dict[str, Any]) -> list[str]:
             table(d), "", "![recall against latency](results/retrieval.png)"]
 
 
+def catalogue_changes(d: dict[str, Any]) -> list[str]:
+    from catalogue_changes import table  # the script's own table: one renderer for its stdout and this page
+
+    against = d.get("against")
+    lines = ["## A live catalogue's changes against its size", "",
+             "What one change costs the retriever (`Retriever.add / update / remove / restore`, one item each; a "
+             "service makes it under the catalogue's lock, inside the POST or DELETE that asks for it): synthetic "
+             "catalogues of width 64, 1 thread, the median and p99 over "
+             f"{d['ops']} changes of each kind. Script: `benchmarks/catalogue_changes.py`; file: "
+             f"`results/catalogue_changes.json`; {_measured(d)}."]
+    if against:
+        lines[-1] += (f" Beside it, in the same run, commit {against['commit']} ({against['change']}): for each row a "
+                      f"process of each checkout in turn, {d['repeats']} times, each cell the median over them.")
+    return [*lines, "", *table(d)]
+
+
+def _measured(d: dict[str, Any]) -> str:
+    m = d["machine"]
+    return f"measured at commit {m['commit']} on {m.get('cpu_model') or m['cpu']}, {d['date']}"
+
+
 def batch_recommend(d: dict[str, Any]) -> list[str]:
     from tables import table
 

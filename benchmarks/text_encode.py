@@ -6,7 +6,8 @@ token length, TextEncoder's path), once per thread count and precision: float32,
 the CPU computes it natively (what `precision = "auto"` picks there); and, in bfloat16, the batching
 it replaced (64 texts a batch, sorted by characters, padded to the batch's longest) and, where
 TextEncoder runs the fused bf16 pass (seqrec.data.fused_bert), its batching through the model's own
-forward instead, and the fused pass on the padded tokens too (fused_bert.PACK_TOKENS off). Repeats
+forward instead, the fused pass on the padded tokens too (fused_bert.PACK_TOKENS off) and with the
+weights as the model keeps them, reordered by oneDNN at every call (fused_bert.PREPACK_WEIGHTS off). Repeats
 alternate the paths, so that the machine's noise falls on all; texts/s and tokens/s are medians.
 Also: how far the bf16 vectors are from the float32 ones (cosine distance), the achieved GFLOP/s (2
 x the encoder's non-embedding parameters per token, attention products added) against a square
@@ -52,6 +53,7 @@ def flops_per_text(encoder: TextEncoder, lengths: list[int]) -> float:
 REPLACED = "bf16, replaced batching"
 UNFUSED = "bf16, the model's own forward"  # TextEncoder's batching without the fused pass (seqrec.data.fused_bert)
 UNPACKED = "bf16, fused on padded tokens"  # the fused pass with its products over the padding too
+UNPREPACKED = "bf16, fused, weights reordered per call"  # before the weights were kept in oneDNN's layout
 
 
 def unpacked(encoder: TextEncoder, texts: list[str]) -> np.ndarray:
@@ -61,6 +63,16 @@ def unpacked(encoder: TextEncoder, texts: list[str]) -> np.ndarray:
         return encoder.encode(texts, batch_size=64)
     finally:
         fused_bert.PACK_TOKENS = kept
+
+
+def plain_weights_encoder() -> TextEncoder:
+    """A bf16 TextEncoder whose fused pass keeps the weights as the model has them, which oneDNN reorders
+    into its blocked layout at every call (fused_bert.PREPACK_WEIGHTS off when the pass is made)."""
+    kept, fused_bert.PREPACK_WEIGHTS = fused_bert.PREPACK_WEIGHTS, False
+    try:
+        return TextEncoder(resolve_encoder("default"), precision="bf16")
+    finally:
+        fused_bert.PREPACK_WEIGHTS = kept
 
 
 @torch.no_grad()
@@ -90,6 +102,9 @@ def measure(name: str, threads: list[int], repeats: int, limit: int, peak_n: int
         if encoders["bf16"].fused is not None:
             encoders[UNFUSED] = TextEncoder(resolve_encoder("default"), precision="bf16")
             encoders[UNFUSED].fused = None
+            plain = plain_weights_encoder()
+            if plain.fused is not None:
+                encoders[UNPREPACKED] = plain
     ref = encoders["fp32"]
     lengths = [len(ids) for ids in ref.tokenizer(texts, truncation=True, max_length=128)["input_ids"]]
     per_text = flops_per_text(ref, lengths)
@@ -130,7 +145,29 @@ def measure(name: str, threads: list[int], repeats: int, limit: int, peak_n: int
                                 "fraction_of_peak": gflops / peaks[p]})
             print(f"{name}: {n} thread(s) {p} {len(texts) / s:.0f} texts/s, {sum(lengths) / s:.0f} tokens/s, "
                   f"{gflops:.0f} GFLOP/s of a {peaks[p]:.0f} peak", flush=True)
+    out["one_text"] = one_at_a_time(encoders, texts[:ONE_TEXT_COUNT])
     return out
+
+
+ONE_TEXT_COUNT = 200  # texts encoded one at a time, as POST /items encodes a new item
+
+
+def one_at_a_time(encoders: dict[str, TextEncoder], texts: list[str]) -> dict[str, Any]:
+    """Each text encoded alone by each encoder in turn (1 thread, the first tenth a warm-up): per path the
+    median and p99 ms of one text, what a service's POST /items waits for."""
+    torch.set_num_threads(1)
+    ms: dict[str, list[float]] = {p: [] for p in encoders}
+    for text in texts:
+        for p, enc in encoders.items():
+            t0 = time.perf_counter()
+            enc.encode([text])
+            ms[p].append((time.perf_counter() - t0) * 1e3)
+    warm = len(texts) // 10
+    rows = {p: {"texts": len(v) - warm, "ms_p50": float(np.median(v[warm:])),
+                "ms_p99": float(np.percentile(v[warm:], 99))} for p, v in ms.items()}
+    for p, r in rows.items():
+        print(f"one text at a time, 1 thread, {p}: p50 {r['ms_p50']:.2f} ms, p99 {r['ms_p99']:.2f} ms", flush=True)
+    return rows
 
 
 def main() -> None:

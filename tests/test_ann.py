@@ -252,6 +252,16 @@ def test_the_benchmark_runs_tiny(tmp_path: Path) -> None:
     assert {"machine", "command", "faiss"} <= set(result) and out.with_suffix(".png").is_file()
 
 
+def test_the_change_cost_benchmark_runs_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "changes.json"
+    run_benchmark("catalogue_changes.py", "--tiny", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert set(result["cells"]) == {f"2000/{kind}" for kind in INDEX_KINDS} and "against" not in result
+    for cell in result["cells"].values():
+        assert all(0 < cell["this"][op]["ms_p50"] <= cell["this"][op]["ms_p99"]
+                   for op in ("add", "update", "remove", "restore"))
+
+
 def test_ties_go_to_the_lower_id() -> None:
     x = torch.zeros(11, 2)
     x[1:, 0] = torch.tensor([1.0, 2, 2, 2, 3, 3, 0, 0, 2, 1])  # scores for q = [1, 0]
@@ -308,3 +318,61 @@ def test_an_n_probe_set_at_run_time_outlives_a_rebuild() -> None:
     r.n_probe = 2
     r.remove(list(range(1, 700)))  # over a quarter of the rows dead: rebuilt in the background
     assert r.wait(60) and r.n_probe == 2
+
+
+def assert_rows_consistent(r: FaissRetriever) -> None:
+    """The rows kept up to date change by change equal the rows recomputed from scratch: the same live
+    bitmap and count, every live item's current row added for it (or the item in the overflow)."""
+    ix, items = r._index, r._items
+    removed = items.removed.numpy()
+    fresh = ix.rows.select(removed)
+    assert ix.n_live == fresh.n_live and bytes(ix.rows.live) == bytes(fresh.live)
+    assert items.n_active == int((~removed).sum())
+    live_ids = torch.arange(len(removed))[~items.removed].numpy()
+    rows = ix.rows.id_to_row[live_ids]
+    in_overflow = torch.isin(torch.from_numpy(live_ids), torch.from_numpy(ix.overflow)).numpy()
+    assert ((rows >= 0) | in_overflow).all()
+    assert (ix.rows.row_to_id[rows[rows >= 0]] == live_ids[rows >= 0]).all()
+
+
+@pytest.mark.parametrize("kind", ANN_KINDS)
+def test_rows_kept_change_by_change_equal_rows_recomputed(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adds, updates (some too long for the IVF transform), removals and restorations in a seeded random
+    order, a background rebuild held while changes go on and then released: after each change the rows
+    equal a recomputation, and (IVF searching every list) search equals the full ranking of the live items."""
+    release = hold_rebuilds(monkeypatch)
+    x, b = clustered(n=400, d=8, clusters=8)
+    r = build_retriever(kind, x, b, **({"n_lists": 8, "n_probe": 8} if kind == "ivf" else {"ef_search": 512}))
+    assert isinstance(r, FaissRetriever)
+    g = torch.Generator().manual_seed(3)
+    vectors, bias, gone = x.clone(), b.clone(), set[int]()
+    q = queries(6, x.shape[1])
+    for step in range(120):
+        op = int(torch.randint(4, (1,), generator=g))
+        pick = torch.randint(1, len(vectors), (3,), generator=g).tolist()
+        if op == 0:
+            v = torch.randn(2, x.shape[1], generator=g) * (8 if step % 17 == 0 else 1)  # now and then too long
+            r.add(v, torch.zeros(2))
+            vectors, bias = torch.cat([vectors, v]), torch.cat([bias, torch.zeros(2)])
+        elif op == 1:
+            v = torch.randn(1, x.shape[1], generator=g) * (8 if step % 13 == 0 else 1)
+            r.update(pick[:1], v, torch.ones(1))
+            vectors[pick[0]], bias[pick[0]] = v[0], 1.0
+        elif op == 2:
+            r.remove(pick)
+            gone.update(pick)
+        else:
+            back = sorted(gone)[: int(torch.randint(1, 4, (1,), generator=g))]
+            r.restore(back)
+            gone.difference_update(back)
+        if step == 60:  # over a quarter of the rows dead: a rebuild (held) for either kind
+            r.remove(list(range(1, 130)))
+            gone.update(range(1, 130))
+        if step == 80:
+            release.set()
+            assert r.wait(60)
+        assert_rows_consistent(r)
+        if kind == "ivf" and not r.rebuilding:
+            assert_exact(r, vectors, bias, q, 10, drop=[sorted(gone)] * len(q))
+    assert r.wait(60)
+    assert_rows_consistent(r)

@@ -32,31 +32,41 @@ log = logging.getLogger(__name__)
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> (B, T, D)
 PROBE_COSINE = 1e-3  # the probe batch's largest cosine distance from the model's own forward
 PACK_TOKENS = True  # the products and norms run on the real tokens alone (benchmarks/text_encode.py: without)
+PREPACK_WEIGHTS = True  # the products' weights in oneDNN's blocked layout once (benchmarks/text_encode.py: without)
 
 
 class _Layer:
-    """One BERT layer's weights, QKV concatenated (3D, D)."""
+    """One BERT layer's weights, QKV concatenated (3D, D); with PREPACK_WEIGHTS, each product's weight
+    reordered once into the blocked layout oneDNN computes with, which a plain weight is reordered into
+    at every call (a pass over every weight per call: a third of the time of one short text)."""
 
     def __init__(self, layer: Any) -> None:
         att = layer.attention
         parts = (att.self.query, att.self.key, att.self.value)
-        self.w_qkv = torch.cat([p.weight for p in parts]).contiguous()
+        self.w_qkv = _packed(torch.cat([p.weight for p in parts]).contiguous())
         self.b_qkv = torch.cat([p.bias for p in parts]).contiguous()
-        self.out, self.norm1 = att.output.dense, att.output.LayerNorm
-        self.ffn1, self.ffn2, self.norm2 = layer.intermediate.dense, layer.output.dense, layer.output.LayerNorm
+        out, ffn1, ffn2 = att.output.dense, layer.intermediate.dense, layer.output.dense
+        self.w_out, self.w_ffn1, self.w_ffn2 = _packed(out.weight), _packed(ffn1.weight), _packed(ffn2.weight)
+        self.b_out, self.b_ffn1, self.b_ffn2 = out.bias, ffn1.bias, ffn2.bias
+        self.norm1, self.norm2 = att.output.LayerNorm, layer.output.LayerNorm
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach()) if PREPACK_WEIGHTS else weight
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, act: str = "none") -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, act, [], "none")  # "none": the exact (erf) GELU
 
 
-def _linear_add(x: torch.Tensor, residual: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, linear.weight, linear.bias, "add")
+def _linear_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
 
 
 def kernels_available() -> bool:
     """Whether this torch has oneDNN and its fused linear kernels."""
-    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
+    return (hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and torch.backends.mkldnn.is_available())
 
 
 def reproducible(model: Any) -> bool:
@@ -77,7 +87,7 @@ def fused_forward(model: Any, probe: Callable[[], dict[str, torch.Tensor]]) -> F
     if not reproducible(model):
         return None
     batch = probe()
-    layers = [_Layer(layer) for layer in model.encoder.layer]
+    layers: list[_Layer] = []  # made in the probe's try: a torch may lack the reorder
     heads = int(model.config.num_attention_heads)
 
     @torch.no_grad()
@@ -101,14 +111,15 @@ def fused_forward(model: Any, probe: Callable[[], dict[str, torch.Tensor]]) -> F
             att = att.transpose(1, 2).reshape(b * t, d)
             if real is not None:
                 att = att.index_select(0, real)
-            x = layer.norm1(_linear_add(att, x, layer.out))
-            x = layer.norm2(_linear_add(_linear(x, layer.ffn1.weight, layer.ffn1.bias, "gelu"), x, layer.ffn2))
+            x = layer.norm1(_linear_add(att, x, layer.w_out, layer.b_out))
+            x = layer.norm2(_linear_add(_linear(x, layer.w_ffn1, layer.b_ffn1, "gelu"), x, layer.w_ffn2, layer.b_ffn2))
         if real is not None:  # padded positions: zero (pooling reads the real ones)
             x = x.new_zeros((b * t, d)).index_copy_(0, real, x)
         return x.view(b, t, d)
 
     try:
         with torch.no_grad():
+            layers.extend(_Layer(layer) for layer in model.encoder.layer)
             mine, theirs = forward(**batch).float(), model(**batch).last_hidden_state.float()
     except (RuntimeError, AttributeError, TypeError) as exc:  # a kernel (or its overload) this torch lacks
         log.info("text encoder: the fused bf16 pass cannot run here (%s); using the model's own", exc)

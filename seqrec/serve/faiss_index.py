@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from seqrec.errors import SeqrecError
+from seqrec.serve.index_rows import RowChange, Rows
 from seqrec.serve.retriever import Retriever, _Items, _RWLock, rank
 
 log = logging.getLogger(__name__)
@@ -34,26 +35,20 @@ _NORM_SLACK = 1e-4
 
 @dataclass(frozen=True)
 class _Index:
-    """A FAISS index over the transformed items and its bookkeeping (R rows)."""
+    """A FAISS index over the transformed items and the bookkeeping of its rows (`seqrec.serve.index_rows`)."""
 
     index: Any  # faiss.IndexHNSWFlat | faiss.IndexIVFFlat
     max_norm: float  # M of the IVF transform (inf for HNSW: no transform)
-    row_to_id: np.ndarray  # (R,) int64: the item id each row was added for
-    id_to_row: np.ndarray  # (N+1,) int64: each item's current row (-1: none)
-    live: np.ndarray  # (R,) uint8 bitmap (little-endian bits) of the rows searches may return
-    n_live: int  # live rows
+    rows: Rows
     n_built: int = 0  # the items it was built over (an IVF index that grows past GROWTH times that is rebuilt)
     # ids of items too long for the IVF transform (|[v, b]| > M) and so without a row: every search scores
     # them exactly beside the index's candidates until a rebuild with a new M gives them rows
     overflow: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     n_overflow: int = 0  # of them, the ones not removed
 
-    def select(self, items: _Items) -> _Index:
-        """Recompute the live rows: an item's current row, unless the item is removed."""
-        ids, removed = self.row_to_id, items.removed.numpy()
-        ok = (self.id_to_row[ids] == np.arange(len(ids))) & ~removed[ids]
-        return replace(self, live=np.packbits(ok, bitorder="little"), n_live=int(ok.sum()),
-                       n_overflow=int((~removed[self.overflow]).sum()))
+    @property
+    def n_live(self) -> int:
+        return self.rows.n_live
 
 
 def item_rows(kind: str, vectors: torch.Tensor, bias: torch.Tensor, max_norm: float) -> np.ndarray:
@@ -162,15 +157,12 @@ class FaissRetriever(Retriever):
             pick = np.sort(np.random.default_rng(self.seed).choice(len(x), n_train, replace=False))
             index.train(x[pick] if n_train < len(x) else x)
         index.add(x)
-        id_to_row = np.full(len(items.vectors), -1, dtype=np.int64)
-        id_to_row[ids] = np.arange(len(ids))
-        return _Index(index, max_norm, ids.astype(np.int64), id_to_row, np.zeros(0, dtype=np.uint8), 0,
-                      len(ids)).select(items)
+        return _Index(index, max_norm, Rows.built(ids, len(items.vectors), items.removed.numpy()), len(ids))
 
     def _params(self, ix: _Index, fetch: int, widen: int) -> Any:
         """Search parameters for `fetch` results: tombstones masked out; HNSW's candidate list at least
         2 `fetch` long, IVF enough lists to hold about 2 `fetch` live items; both `widen` times more."""
-        sel = None if ix.n_live == len(ix.row_to_id) else faiss.IDSelectorBitmap(ix.live)  # keeps a reference
+        sel = None if ix.n_live == len(ix.rows.row_to_id) else faiss.IDSelectorBitmap(ix.rows.live)  # keeps a ref
         if self.kind == "hnsw":
             return faiss.SearchParametersHNSW(efSearch=max(self.ef_search, 2 * fetch) * widen, sel=sel), sel
         probe = max(self.n_probe * widen, math.ceil(2 * fetch * ix.index.nlist / max(ix.n_live, 1)))
@@ -214,7 +206,7 @@ class FaissRetriever(Retriever):
         if fetch and len(q):
             params, _sel = self._params(ix, fetch, widen)  # _sel: the selector must outlive the search
             _, rows = ix.index.search(query_rows(self.kind, q), fetch, params=params)
-            ids = np.where(rows >= 0, ix.row_to_id[rows], 0)  # (Q, fetch); FAISS pads with row -1
+            ids = np.where(rows >= 0, ix.rows.row_to_id[rows], 0)  # (Q, fetch); FAISS pads with row -1
         if ix.n_overflow:
             ids = np.concatenate([ids, np.broadcast_to(ix.overflow, (len(q), len(ix.overflow)))], axis=1)
         return self._scored(items, q, ids, k, exclude)
@@ -235,33 +227,40 @@ class FaissRetriever(Retriever):
                 scores[r, np.isin(ids[r], drop)] = -np.inf
         return rank(scores, ids, k)
 
-    def _commit(self, items: _Items, changed: torch.Tensor) -> None:
-        """(Under the writer lock.) New and replaced vectors become rows of the index at once, and so do
-        restored items that a rebuild left out; a rebuild then starts in the background if one is due
-        (`_rebuild_due`). Searches use the index as it is until the rebuilt one is swapped in."""
-        ix, x = self._extend(self._index, items, changed.numpy())
+    def _commit(self, items: _Items, changed: torch.Tensor, flipped: torch.Tensor | None = None) -> None:
+        """(Under the writer lock.) New and replaced vectors become rows of the index at once, the rows of
+        `flipped` items (removed or restored) die or live again, and a restored item that a rebuild left out
+        gets a row; a rebuild then starts in the background if one is due (`_rebuild_due`). Searches use the
+        index as it is until the rebuilt one is swapped in. The time taken is the change's, not the catalogue's."""
+        flips = np.zeros(0, np.int64) if flipped is None else np.unique(flipped.numpy())
+        plan, x, overflow = self._extend(self._index, items, changed.numpy(), flips)
         with self._lock.write():
             if len(x):
-                ix.index.add(x)
-            self._items, self._index = items, ix
+                self._index.index.add(x)
+            self._items, self._index = items, self._changed(self._index, plan, overflow, items)
         if self._builder is not None:
             self._since.append(changed.numpy())
         self._rebuild_if_due(items)
 
-    def _extend(self, ix: _Index, items: _Items, changed: np.ndarray) -> tuple[_Index, np.ndarray]:
-        """`ix` for `items`: rows (returned, to add to its FAISS index) for the `changed` ids and for live
-        items without a row; an item too long for the IVF transform goes to the overflow instead."""
-        removed = items.removed.numpy()
-        id_to_row = np.concatenate([ix.id_to_row, np.full(len(removed) - len(ix.id_to_row), -1, np.int64)])
-        want = np.union1d(changed, np.flatnonzero((id_to_row < 0) & ~removed)).astype(np.int64)
+    def _extend(self, ix: _Index, items: _Items, changed: np.ndarray, flipped: np.ndarray
+                ) -> tuple[RowChange, np.ndarray, np.ndarray]:
+        """The change to `ix` for `items`: (its rows' change, the rows to add to its FAISS index, the new
+        overflow). Rows for the `changed` ids and for `flipped` ids restored without a row (a rebuild left
+        them out while removed); the other flipped ids keep their rows, dead or live again. An item too long
+        for the IVF transform goes to the overflow instead."""
+        removed, id_to_row = items.removed.numpy(), ix.rows.id_to_row
+        want = np.union1d(changed, flipped[(id_to_row[flipped] < 0) & ~removed[flipped]]).astype(np.int64)
         vectors, bias = items.vectors[want], items.bias[want]
         long = (_norms(vectors, bias) > ix.max_norm * (1 + _NORM_SLACK)).numpy()
-        fits = want[~long]
-        id_to_row[want[long]] = -1  # a replaced item's old row is dead, whether or not the new vector fits
-        id_to_row[fits] = np.arange(len(ix.row_to_id), len(ix.row_to_id) + len(fits))
+        plan = ix.rows.change(removed, want[~long], want[long], np.setdiff1d(flipped, want))
         overflow = np.union1d(np.setdiff1d(ix.overflow, want), want[long]).astype(np.int64)
-        new = replace(ix, row_to_id=np.concatenate([ix.row_to_id, fits]), id_to_row=id_to_row, overflow=overflow)
-        return new.select(items), item_rows(self.kind, vectors[~long], bias[~long], ix.max_norm)
+        return plan, item_rows(self.kind, vectors[~long], bias[~long], ix.max_norm), overflow
+
+    @staticmethod
+    def _changed(ix: _Index, plan: RowChange, overflow: np.ndarray, items: _Items) -> _Index:
+        """(Under the write lock.) `ix` with the change `_extend` planned made."""
+        return replace(ix, rows=plan.apply(), overflow=overflow,
+                       n_overflow=int((~items.removed.numpy()[overflow]).sum()))
 
     def _rebuild_due(self, items: _Items) -> str | None:
         """Why the index should be rebuilt over the live items, or None: items too long for the IVF
@@ -269,7 +268,7 @@ class FaissRetriever(Retriever):
         so that heavy deletions do not leave searches wading through tombstones; (IVF) the live items grown
         to `_GROWTH` times those it was built over, so that its lists grow with the catalogue."""
         ix = self._index
-        n_live, n_rows = int((~items.removed).sum()), len(ix.row_to_id)
+        n_live, n_rows = items.n_active, len(ix.rows.row_to_id)
         if ix.n_overflow:
             return f"{ix.n_overflow} item(s) longer than the transform's M = {ix.max_norm:.4g}"
         if self.kind == "ivf" and n_live > _GROWTH * max(ix.n_built, 1):
@@ -307,13 +306,20 @@ class FaissRetriever(Retriever):
         """Build over the snapshot `items` while searches and changes go on; then, under the writer lock,
         give the new index rows for what changed since the snapshot and swap it in."""
         try:
-            sizes = self._ivf_sizes(int((~items.removed).sum()))
+            sizes = self._ivf_sizes(items.n_active)
             built = self._build(items, sizes[0])
             with self._writer:
                 now = self._items
-                ix, x = self._extend(built, now, np.unique(np.concatenate([np.zeros(0, np.int64), *self._since])))
+                removed, had = now.removed.numpy(), built.rows.id_to_row
+                # rows for what changed since the snapshot, and for items restored since (the snapshot had them
+                # removed); then the live rows recomputed, for the items removed since
+                want = np.union1d(np.concatenate([np.zeros(0, np.int64), *self._since]),
+                                  np.flatnonzero(~removed[: len(had)] & (had < 0)))
+                plan, x, overflow = self._extend(built, now, want, np.zeros(0, np.int64))
                 if len(x):
-                    ix.index.add(x)  # no search sees this index yet
+                    built.index.add(x)  # no search sees this index yet
+                ix = self._changed(built, plan, overflow, now)
+                ix = replace(ix, rows=ix.rows.select(removed))
                 with self._lock.write():
                     self._index = ix
                     if self.kind == "ivf":

@@ -28,6 +28,7 @@ class _Items:
     vectors: torch.Tensor
     bias: torch.Tensor
     removed: torch.Tensor  # removed[0] is True: the padding item is never returned
+    n_active: int  # items not removed
 
     @staticmethod
     def make(vectors: torch.Tensor, bias: torch.Tensor | None) -> _Items:
@@ -36,7 +37,7 @@ class _Items:
         v, b = _rows(vectors, bias, len(vectors), vectors.shape[1])
         # its own copy: a caller writing into the tensors it passed (a catalogue replacing an item's
         # vector) would otherwise change a snapshot that readers are searching
-        return _Items(v.clone(), b.clone(), torch.arange(len(v)) == 0)
+        return _Items(v.clone(), b.clone(), torch.arange(len(v)) == 0, len(v) - 1)
 
     def check_ids(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         t = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
@@ -106,8 +107,8 @@ class Retriever(ABC):
 
     def __init__(self, vectors: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self._items = _Items.make(vectors, bias)
-        # the stores the items' vectors and bias grow in (seqrec.nn.rows)
-        self._store: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        # the stores the items' vectors, bias and removed flags grow in (seqrec.nn.rows)
+        self._store: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
         self._writer = threading.Lock()  # one mutation at a time; readers are never blocked by it
 
     @property
@@ -151,9 +152,10 @@ class Retriever(ABC):
             n, m = len(vectors), len(old.vectors)
             v, b = _rows(vectors, bias, n, self.dim)
             # appended in place after the rows a snapshot holds (seqrec.nn.rows): no copy of the table per add
-            self._store = (append_rows(old.vectors, v, self._store[0]), append_rows(old.bias, b, self._store[1]))
-            new = _Items(self._store[0][: m + n], self._store[1][: m + n],
-                         torch.cat([old.removed, torch.zeros(n, dtype=torch.bool)]))
+            self._store = (append_rows(old.vectors, v, self._store[0]), append_rows(old.bias, b, self._store[1]),
+                           append_rows(old.removed, torch.zeros(n, dtype=torch.bool), self._store[2]))
+            vecs, bs, removed = self._store
+            new = _Items(vecs[: m + n], bs[: m + n], removed[: m + n], old.n_active + n)
             ids = range(m, m + n)
             self._commit(new, torch.arange(ids.start, ids.stop))
         return ids
@@ -169,9 +171,12 @@ class Retriever(ABC):
     def _set_removed(self, ids: Sequence[int] | torch.Tensor, value: bool) -> None:
         with self._writer:
             old = self._items
-            removed = old.removed.clone()
-            removed[old.check_ids(ids)] = value
-            self._commit(replace(old, removed=removed), torch.zeros(0, dtype=torch.long))
+            t = torch.unique(old.check_ids(ids))
+            flipped = t[old.removed[t] != value]
+            removed = old.removed.clone()  # a copy: readers keep the old flags
+            removed[flipped] = value
+            self._commit(replace(old, removed=removed, n_active=old.n_active + len(flipped) * (-1 if value else 1)),
+                         torch.zeros(0, dtype=torch.long), flipped)
 
     def update(self, ids: Sequence[int] | torch.Tensor, vectors: torch.Tensor,
                bias: torch.Tensor | None = None) -> None:
@@ -183,15 +188,16 @@ class Retriever(ABC):
                 raise SeqrecError("update: an id is given twice")
             v, b = _rows(vectors, bias, len(t), self.dim)
             # a copy (readers keep the old rows), into stores with room: the next add does not copy again
-            self._store = (append_rows(old.vectors, v[:0]), append_rows(old.bias, b[:0]))
+            self._store = (append_rows(old.vectors, v[:0]), append_rows(old.bias, b[:0]), self._store[2])
             vecs, bs = self._store[0][: len(old.vectors)], self._store[1][: len(old.bias)]
             vecs[t] = v
             if bias is not None:
                 bs[t] = b
             self._commit(replace(old, vectors=vecs, bias=bs), t)
 
-    def _commit(self, items: _Items, changed: torch.Tensor) -> None:
-        """Make `items` current; `changed`: ids whose vectors are new (added or updated)."""
+    def _commit(self, items: _Items, changed: torch.Tensor, flipped: torch.Tensor | None = None) -> None:
+        """Make `items` current; `changed`: ids whose vectors are new (added or updated); `flipped`: ids
+        removed or restored."""
         self._items = items
 
 
@@ -215,7 +221,7 @@ class ExactRetriever(Retriever):
     def _top(q: torch.Tensor, items: _Items, k: int, exclude: list[list[int]] | None
              ) -> tuple[np.ndarray, np.ndarray]:
         scores = torch.addmm(items.bias, q, items.vectors.T)  # (q, N+1), bias added in the product's pass
-        if bool(items.removed[1:].any()):
+        if items.n_active < len(items.removed) - 1:  # (a count, not a pass over the flags)
             scores.masked_fill_(items.removed, -torch.inf)
         else:  # nothing removed but the padding: one column, not a pass over every score
             scores[:, 0] = -torch.inf
