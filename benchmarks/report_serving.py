@@ -124,6 +124,8 @@ def _shared_sessions(d: dict[str, Any]) -> list[str]:
 # serve_load_live_<commit>.json written by `serve_load.py --parts live --out ...` at each
 LIVE_AB = (("ef2717e", "each add copies the tables (torch.cat)"),
            ("97730dc", "rows appended into stores that grow by doubling"))
+LIVE_AB_ROWS = (("77ea71d", "index rows rebuilt over every row per add; encoder weights reordered per call"),
+                ("49664e9", "index rows changed where the add touches them; encoder weights kept in oneDNN's layout"))
 RECOMMEND_RERUN = "serve_load_recommend_rerun_640efd6.json"  # the /recommend part again, the same day
 # the /recommend measurement at two commits, the same way: serve_load_recommend_<commit>.json
 RECOMMEND_AB = (("c462e63", "one row at a time (the history-bias merge in a loop)"),
@@ -300,10 +302,32 @@ def _live_before_after() -> list[str]:
              "each other. Files: " + ", ".join(f"`results/serve_load_live_{c}.json`" for c, _, _ in runs) + ".", "",
              *header(["commit", "POST /items", "index, engine", "POST /items p50 ms", "p99 ms", "failed",
                       "/recommend requests/s meanwhile", "p50 ms"])]
-    return lines + _ab_rows(runs, ("live", "live_ivf_onnx"), lambda r, load: (
+    return lines + _live_rows(runs) + _live_rows_changed()
+
+
+def _live_rows(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    return _ab_rows(runs, ("live", "live_ivf_onnx"), lambda r, load: (
         f"{r['index']}, {r['engine']} | {r['post_ms_p50']:.1f} | {r['post_ms_p99']:.1f} | "
         f"{r['add_failures'] + load['failed']} | {load['requests_per_s']:.0f} | {load['p50_ms']:.1f}"),
         "load_during_adds")
+
+
+def _live_rows_changed() -> list[str]:
+    runs = _ab_runs("serve_load_live", LIVE_AB_ROWS)
+    if not runs:
+        return []
+    cpu = runs[-1][2]["machine"].get("cpu_model") or runs[-1][2]["machine"]["cpu"]
+    return ["", f"Changes at the rows they touch (`seqrec.serve.index_rows`) and the encoder's weights kept in "
+            f"oneDNN's layout: the same measurement at the commit before and at the change, one after the other on "
+            f"one day on {cpu}, one run each: differences of this size are within what this machine drifts from one "
+            f"run to the next (the costs of one change are measured side by side, repeated, in \"A live catalogue's "
+            f"changes against its size\" and in the text encoding's one-text-at-a-time note). Files: "
+            + ", ".join(f"`results/serve_load_live_{c}.json`" for c, _, _ in runs) + ".", "",
+            *header(["commit", "change", "index, engine", "POST /items p50 ms", "p99 ms", "failed",
+                     "/recommend requests/s meanwhile", "p50 ms"]), *_live_rows(runs), "",
+            *[f"The /recommend goal at concurrency 8 while the items are added, at {c}: "
+              + ("met" if _serve_goal_met(d["live_ivf_onnx"]["load_during_adds"]) else "not met") + " by ivf, onnx."
+              for c, _, d in runs]]
 
 
 def _deletes_before_after() -> list[str]:
