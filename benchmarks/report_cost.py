@@ -164,8 +164,8 @@ def _one_text(r: dict[str, Any]) -> str:
     best = min(rows, key=lambda p: rows[p]["ms_p50"])
     others = ", ".join(f"{p} {x['ms_p50']:.2f} ms ({x['ms_p50'] / rows[best]['ms_p50']:.2f}×)"
                        for p, x in rows.items() if p != best)
-    return (f"{r['dataset']}, one text at a time (as `POST /items` encodes a new item; the first "
-            f"{next(iter(rows.values()))['texts']} texts after a warm-up, the paths in turn on each, 1 thread): "
+    return (f"{r['dataset']}, one text at a time (as `POST /items` encodes a new item; "
+            f"{next(iter(rows.values()))['texts']} texts timed after a warm-up, the paths in turn on each, 1 thread): "
             f"{best} p50 {rows[best]['ms_p50']:.2f} ms, p99 {rows[best]['ms_p99']:.2f} ms; {others}.")
 
 
