@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, machine, write_result
+from common import RESULTS, ROOT, checkout_env, machine, write_result
 
 SIZES = (10_000, 100_000, 1_000_000)
 HNSW_MAX = 100_000
@@ -69,7 +68,7 @@ def measure(n: int, kind: str, ops: int) -> dict[str, Any]:
 
 def in_process(root: Path, n: int, kind: str, ops: int) -> dict[str, Any]:
     """`measure` in a new process running `root`'s seqrec."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(root), str(ROOT / "benchmarks")])}
+    env = checkout_env(root, ROOT / "benchmarks", OMP_NUM_THREADS="1")
     code = (f"import json, catalogue_changes as c; print('RESULT', json.dumps(c.measure({n}, {kind!r}, {ops})))")
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))

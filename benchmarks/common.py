@@ -95,6 +95,13 @@ def matmul_gflops(threads: int, n: int = 4096, repeats: int = 3, dtype: torch.dt
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
+def checkout_env(root: Path, *more: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with `root` (another checkout, whose seqrec a child process must import) and
+    `more` first on PYTHONPATH, and the `extra` variables set."""
+    path = os.pathsep.join([str(root), *map(str, more), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, **extra, "PYTHONPATH": path}
+
+
 def load_result(name: str) -> Any:
     """results/<name> as JSON, or None where that benchmark has not run."""
     path = RESULTS / name

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, machine, matmul_gflops, median_run, write_result
+from common import RESULTS, checkout_env, machine, matmul_gflops, median_run, write_result
 
 
 def one(users: int, items: int, d: int, threads: int, peak_n: int) -> dict[str, float]:
@@ -83,9 +82,8 @@ def main() -> None:
         print(json.dumps(runs[-1]), flush=True)
         if args.against:
             theirs = args.against.resolve()
-            path = os.pathsep.join(filter(None, [str(theirs), os.environ.get("PYTHONPATH")]))
-            env = {**os.environ, "PYTHONPATH": path}
-            against.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout))
+            against.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                                     env=checkout_env(theirs)).stdout))
             if not Path(against[-1]["seqrec"]).is_relative_to(theirs):  # (an installed seqrec found first)
                 raise SystemExit(f"--against {args.against}: its child imported seqrec from {against[-1]['seqrec']}")
             print("against:", json.dumps(against[-1]), flush=True)

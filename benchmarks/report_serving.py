@@ -300,9 +300,12 @@ def _live_before_after() -> list[str]:
              "before the change and at the change, run one after the other on one day. This machine served "
              f"slower that day than when the tables above were measured{slower}, so compare these rows with "
              "each other. Files: " + ", ".join(f"`results/serve_load_live_{c}.json`" for c, _, _ in runs) + ".", "",
-             *header(["commit", "POST /items", "index, engine", "POST /items p50 ms", "p99 ms", "failed",
-                      "/recommend requests/s meanwhile", "p50 ms"])]
+             *header(["commit", "POST /items", *LIVE_COLUMNS])]
     return lines + _live_rows(runs) + _live_rows_changed()
+
+
+# the columns after the commit and the change of the live-catalogue before/after tables (`_live_rows`)
+LIVE_COLUMNS = ["index, engine", "POST /items p50 ms", "p99 ms", "failed", "/recommend requests/s meanwhile", "p50 ms"]
 
 
 def _live_rows(runs: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
@@ -323,8 +326,7 @@ def _live_rows_changed() -> list[str]:
             f"run to the next (the costs of one change are measured side by side, repeated, in \"A live catalogue's "
             f"changes against its size\" and in the text encoding's one-text-at-a-time note). Files: "
             + ", ".join(f"`results/serve_load_live_{c}.json`" for c, _, _ in runs) + ".", "",
-            *header(["commit", "change", "index, engine", "POST /items p50 ms", "p99 ms", "failed",
-                     "/recommend requests/s meanwhile", "p50 ms"]), *_live_rows(runs), "",
+            *header(["commit", "change", *LIVE_COLUMNS]), *_live_rows(runs), "",
             *[f"The /recommend goal at concurrency 8 while the items are added, at {c}: "
               + ("met" if _serve_goal_met(d["live_ivf_onnx"]["load_during_adds"]) else "not met") + " by ivf, onnx."
               for c, _, d in runs]]

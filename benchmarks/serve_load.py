@@ -66,7 +66,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, ROOT, SHARED_DATA, WORK, machine, median_run, write_result
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    SHARED_DATA,
+    WORK,
+    checkout_env,
+    machine,
+    median_run,
+    write_result,
+)
 from benchmarks.loadgen import call, read_response, request_bytes, run_load
 from seqrec.models.sasrec import SASRec, SASRecConfig
 from seqrec.models.unisrec import UniSRec, UniSRecConfig
@@ -124,10 +133,10 @@ class Server:
                  workers: int = 1, catalogue_log: Path | None = None, ready_timeout: int | None = None,
                  home: Path | None = None, extra: tuple[str, ...] = (), root: Path = ROOT) -> None:
         self.port = free_port()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
-        env.update({"SEQREC_HOME": str(home)} if home else {})
-        if root != ROOT:  # another checkout's seqrec (`--against`): its folder first, as its working folder
-            env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+        variables = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        variables.update({"SEQREC_HOME": str(home)} if home else {})
+        # another checkout's seqrec (`--against`): its folder first, as its working folder
+        env = checkout_env(root, **variables) if root != ROOT else {**os.environ, **variables}
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log.open("w")
         cmd = [sys.executable, "-m", "seqrec.cli", "serve", str(run), "--port", str(self.port),
@@ -214,7 +223,7 @@ def bench_recommend_against(run: Path, n_items: int, n_requests: int, cap: float
     goes first alternates), `repeats` times: (ours, theirs), each row's run of median time per concurrency,
     every run kept; `change`: what this checkout changes, as the report says it."""
     check = subprocess.run([sys.executable, "-c", "import seqrec; print(seqrec.__file__)"], cwd=theirs, text=True,
-                           capture_output=True, check=True, env={**os.environ, "PYTHONPATH": str(theirs)})
+                           capture_output=True, check=True, env=checkout_env(theirs))
     if not Path(check.stdout.strip()).resolve().is_relative_to(theirs):  # (an installed seqrec found first)
         raise SystemExit(f"--against {theirs}: its services would import seqrec from {check.stdout.strip()}")
     runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {"ours": {}, "theirs": {}}

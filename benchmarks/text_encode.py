@@ -21,10 +21,12 @@ Writes benchmarks/results/text_encoding.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,23 +58,28 @@ UNPACKED = "bf16, fused on padded tokens"  # the fused pass with its products ov
 UNPREPACKED = "bf16, fused, weights reordered per call"  # before the weights were kept in oneDNN's layout
 
 
+@contextlib.contextmanager
+def fused_switch_off(name: str) -> Iterator[None]:
+    """fused_bert's switch `name` (PACK_TOKENS, PREPACK_WEIGHTS) off inside the block: the pass as it was before."""
+    kept = getattr(fused_bert, name)
+    setattr(fused_bert, name, False)
+    try:
+        yield
+    finally:
+        setattr(fused_bert, name, kept)
+
+
 def unpacked(encoder: TextEncoder, texts: list[str]) -> np.ndarray:
     """The fused pass as it was before it packed a batch's real tokens (fused_bert.PACK_TOKENS)."""
-    kept, fused_bert.PACK_TOKENS = fused_bert.PACK_TOKENS, False
-    try:
+    with fused_switch_off("PACK_TOKENS"):
         return encoder.encode(texts, batch_size=64)
-    finally:
-        fused_bert.PACK_TOKENS = kept
 
 
 def plain_weights_encoder() -> TextEncoder:
     """A bf16 TextEncoder whose fused pass keeps the weights as the model has them, which oneDNN reorders
     into its blocked layout at every call (fused_bert.PREPACK_WEIGHTS off when the pass is made)."""
-    kept, fused_bert.PREPACK_WEIGHTS = fused_bert.PREPACK_WEIGHTS, False
-    try:
+    with fused_switch_off("PREPACK_WEIGHTS"):
         return TextEncoder(resolve_encoder("default"), precision="bf16")
-    finally:
-        fused_bert.PREPACK_WEIGHTS = kept
 
 
 @torch.no_grad()
